@@ -1,0 +1,156 @@
+"""Specialization and compile keys: frozen dataclasses, and nothing else, decide what gets compiled.
+
+`ForwardSpec` is what a user call selects (beta dtype, varlen mode, head dims, chunk size, QG on
+request, SM arch). Each kernel template has its own key class holding exactly the fields its
+generated code depends on, plus the tunable `KernelConfig`. Runtime shapes (B, T, H, N) are never
+in a key: the kernels take them as symbolic sizes.
+
+This module is a leaf: it imports nothing from kdajit, so templates, the cache and the API can all
+use it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import ClassVar
+
+BETA_DTYPES = ("bf16", "fp32")
+# "dense": equal-length batch [B, T]; "cu32"/"cu64": packed sequences with int32/int64 cu_seqlens.
+VARLEN_MODES = ("dense", "cu32", "cu64")
+HEAD_DIMS = (128,)
+CHUNK_SIZES = (64,)
+ARCHS = ("sm_80", "sm_90a", "sm_100a")
+
+
+def _check_choice(name: str, value: object, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not supported; expected one of {allowed}")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tunable launch configuration. Every config a template accepts must give identical bits.
+
+    `warps`: warps per CTA. The reference config is the default instance.
+    """
+
+    warps: int = 4
+
+    def slug(self) -> str:
+        return f"w{self.warps}"
+
+
+@dataclass(frozen=True)
+class _KernelKey:
+    """Common behaviour of the per-template compile keys."""
+
+    TEMPLATE: ClassVar[str] = ""
+
+    def to_json(self) -> dict:
+        """Canonical JSON form (stable field order), used for hashing and metadata."""
+        d = dataclasses.asdict(self)
+        d["template"] = self.TEMPLATE
+        return d
+
+    def spec_slug(self) -> str:
+        """Human-readable name of the specialization part (no arch, no config)."""
+        parts = []
+        for f in dataclasses.fields(self):
+            if f.name in ("arch", "config"):
+                continue
+            v = getattr(self, f.name)
+            parts.append(f"{f.name}-{str(v).lower()}")
+        return f"{self.TEMPLATE}." + ".".join(parts)
+
+    def canonical(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class IntraKey(_KernelKey):
+    """Aqk and the strict-lower L workspace (fp32) for one (chunk, head) per CTA."""
+
+    TEMPLATE: ClassVar[str] = "intra"
+    beta_dtype: str
+    varlen: str
+    head_k: int
+    chunk: int
+    arch: str
+    config: KernelConfig = KernelConfig()
+
+
+@dataclass(frozen=True)
+class AkkInverseKey(_KernelKey):
+    """Akk = (I + L)^-1 from the fp32 L workspace."""
+
+    TEMPLATE: ClassVar[str] = "akk_inverse"
+    varlen: str
+    chunk: int
+    arch: str
+    config: KernelConfig = KernelConfig()
+
+
+@dataclass(frozen=True)
+class RecomputeWUKey(_KernelKey):
+    """W, U, KG (and QG when `output_qg`) from Akk."""
+
+    TEMPLATE: ClassVar[str] = "recompute_wu"
+    beta_dtype: str
+    varlen: str
+    head_k: int
+    head_v: int
+    chunk: int
+    output_qg: bool
+    arch: str
+    config: KernelConfig = KernelConfig()
+
+
+KEY_TYPES = {k.TEMPLATE: k for k in (IntraKey, AkkInverseKey, RecomputeWUKey)}
+
+
+def key_from_json(d: dict) -> _KernelKey:
+    """Inverse of `_KernelKey.to_json`; raises ValueError on an unknown template or field."""
+    d = dict(d)
+    template = d.pop("template", None)
+    if template not in KEY_TYPES:
+        raise ValueError(f"template={template!r} is not a kdajit kernel; expected one of {tuple(KEY_TYPES)}")
+    d["config"] = KernelConfig(**d.get("config", {}))
+    return KEY_TYPES[template](**d)
+
+
+@dataclass(frozen=True)
+class ForwardSpec:
+    """One user-level specialization of the forward intra stage."""
+
+    beta_dtype: str
+    varlen: str
+    head_k: int
+    head_v: int
+    chunk: int
+    output_qg: bool
+    arch: str
+
+    def __post_init__(self) -> None:
+        _check_choice("beta_dtype", self.beta_dtype, BETA_DTYPES)
+        _check_choice("varlen", self.varlen, VARLEN_MODES)
+        _check_choice("head_k (K)", self.head_k, HEAD_DIMS)
+        _check_choice("head_v (V)", self.head_v, HEAD_DIMS)
+        _check_choice("chunk_size", self.chunk, CHUNK_SIZES)
+        _check_choice("arch", self.arch, ARCHS)
+        if not isinstance(self.output_qg, bool):
+            raise ValueError(f"output_qg={self.output_qg!r} must be a bool")
+
+    def intra_key(self, config: KernelConfig = KernelConfig()) -> IntraKey:
+        return IntraKey(self.beta_dtype, self.varlen, self.head_k, self.chunk, self.arch, config)
+
+    def inverse_key(self, config: KernelConfig = KernelConfig()) -> AkkInverseKey:
+        return AkkInverseKey(self.varlen, self.chunk, self.arch, config)
+
+    def recompute_key(self, config: KernelConfig = KernelConfig()) -> RecomputeWUKey:
+        return RecomputeWUKey(self.beta_dtype, self.varlen, self.head_k, self.head_v, self.chunk,
+                              self.output_qg, self.arch, config)
+
+    def kernel_keys(self) -> tuple[_KernelKey, ...]:
+        """The reference-config keys of every kernel that `kdajit.forward` runs for this spec."""
+        return (self.intra_key(), self.inverse_key(), self.recompute_key())

@@ -1,0 +1,96 @@
+"""Device helpers shared by every kdajit template: chunk scheduling and fake-tensor signatures.
+
+Every kernel processes one (chunk, head) tile per CTA. The grid and the tile -> rows mapping are
+the same for all templates, so a chunk is always the same rows whichever kernel handles it:
+
+- dense (equal-length batch): grid = (ceil(T / C), H, B); tile (c, h, b) covers rows
+  [C*c, min(C*c + C, T)) of batch b.
+- varlen (B == 1, packed with cu_seqlens): grid = (T // C + N, H, 1), an upper bound of the total
+  chunk count sum(ceil(len_s / C)). `chunk_offsets[s]` (int32, N+1 entries, computed on the device
+  by the host wrapper) is the number of chunks before sequence s. CTA x finds its sequence by binary
+  search; CTAs with x >= chunk_offsets[N] do nothing. No host synchronisation is needed.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_fake_compact_tensor
+
+from kdajit.keys import VARLEN_MODES
+
+DTYPES = {"bf16": cutlass.BFloat16, "fp32": cutlass.Float32}
+CU_SEQLENS_DTYPES = {"cu32": cutlass.Int32, "cu64": cutlass.Int64}
+
+
+class SymbolicShapes:
+    """Shared symbolic sizes for one compile: tensors built from one instance are tied together."""
+
+    def __init__(self) -> None:
+        self.batch = cute.sym_int()
+        self.tokens = cute.sym_int()
+        self.heads = cute.sym_int()
+        self.seq_bound = cute.sym_int()  # N + 1 in varlen mode; unconstrained (a dummy) when dense
+
+    def bthd(self, dtype, last: int):
+        """A contiguous [B, T, H, last] tensor, 16-byte aligned."""
+        return make_fake_compact_tensor(dtype, (self.batch, self.tokens, self.heads, last),
+                                        stride_order=(3, 2, 1, 0), assumed_align=16)
+
+    def bth(self, dtype):
+        """A contiguous [B, T, H] tensor (beta)."""
+        return make_fake_compact_tensor(dtype, (self.batch, self.tokens, self.heads),
+                                        stride_order=(2, 1, 0), assumed_align=4)
+
+    def seq_vectors(self, varlen: str):
+        """(cu_seqlens, chunk_offsets) fake tensors. Dense kernels get 1-D dummies they never read."""
+        assert varlen in VARLEN_MODES
+        cu_dtype = CU_SEQLENS_DTYPES.get(varlen, cutlass.Int32)
+        cu = make_fake_compact_tensor(cu_dtype, (self.seq_bound,), assumed_align=4)
+        offsets = make_fake_compact_tensor(cutlass.Int32, (self.seq_bound,), assumed_align=4)
+        return cu, offsets
+
+
+def grid_shape(mQ: cute.Tensor, mCuSeqlens: cute.Tensor, chunk: int, varlen: bool):
+    """Launch grid for one CTA per (chunk, head); see the module docstring."""
+    if cutlass.const_expr(varlen):
+        n_seqs = mCuSeqlens.shape[0] - 1
+        return (mQ.shape[1] // chunk + n_seqs, mQ.shape[2], 1)
+    return ((mQ.shape[1] + chunk - 1) // chunk, mQ.shape[2], mQ.shape[0])
+
+
+@cute.jit
+def chunk_coords(mCuSeqlens: cute.Tensor, mChunkOffsets: cute.Tensor, seq_len_dense: cutlass.Int32,
+                 chunk: cutlass.Constexpr, varlen: cutlass.Constexpr):
+    """Map this CTA to its tile.
+
+    Returns (is_valid, batch, row0, valid_rows): the tile covers rows [row0, row0 + valid_rows) of
+    batch `batch`; `is_valid` is False for the spare CTAs of the varlen grid.
+    """
+    bidx, _, bidz = cute.arch.block_idx()
+    is_valid = cutlass.Boolean(True)
+    batch = cutlass.Int32(bidz)
+    row0 = cutlass.Int32(0)
+    valid_rows = cutlass.Int32(0)
+    if cutlass.const_expr(varlen):
+        n_seqs = mCuSeqlens.shape[0] - 1
+        total_chunks = mChunkOffsets[n_seqs]
+        is_valid = cutlass.Int32(bidx) < total_chunks
+        if is_valid:
+            # Largest s with chunk_offsets[s] <= bidx (sequences of length 0 own no chunk).
+            lo = cutlass.Int32(0)
+            hi = cutlass.Int32(n_seqs)
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if mChunkOffsets[mid] <= cutlass.Int32(bidx):
+                    lo = mid
+                else:
+                    hi = mid
+            chunk_in_seq = cutlass.Int32(bidx) - mChunkOffsets[lo]
+            bos = cutlass.Int32(mCuSeqlens[lo])
+            seq_len = cutlass.Int32(mCuSeqlens[lo + 1]) - bos
+            row0 = bos + chunk_in_seq * chunk
+            valid_rows = min(seq_len - chunk_in_seq * chunk, chunk)
+    else:
+        row0 = cutlass.Int32(bidx) * chunk
+        valid_rows = min(seq_len_dense - row0, chunk)
+    return is_valid, batch, row0, valid_rows
