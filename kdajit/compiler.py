@@ -25,8 +25,17 @@ _TEMPLATES = {
 RECIPE_VERSION = 1
 
 
-def current_arch() -> str:
-    """The arch to compile for: KDAJIT_ARCH, else the current CUDA device, else sm_90a."""
+def arch_of_capability(major: int, minor: int) -> str:
+    """kdajit's compile arch for a CUDA compute capability."""
+    by_major = {8: "sm_80", 9: "sm_90a", 10: "sm_100a"}
+    if major not in by_major:
+        raise RuntimeError(f"GPU compute capability {major}.{minor} has no kdajit kernels; supported majors are "
+                           f"8 (sm_80), 9 (sm_90a), 10 (sm_100a). Set KDAJIT_ARCH to override.")
+    return by_major[major]
+
+
+def current_arch(device_index: int | None = None) -> str:
+    """The arch to compile for: KDAJIT_ARCH, else the CUDA device's (current one by default), else sm_90a."""
     pinned = env.arch()
     if pinned:
         return pinned
@@ -34,12 +43,7 @@ def current_arch() -> str:
 
     if not torch.cuda.is_available():
         return "sm_90a"
-    major, minor = torch.cuda.get_device_capability()
-    by_major = {8: "sm_80", 9: "sm_90a", 10: "sm_100a"}
-    if major not in by_major:
-        raise RuntimeError(f"GPU compute capability {major}.{minor} has no kdajit kernels; supported majors are "
-                           f"8 (sm_80), 9 (sm_90a), 10 (sm_100a). Set KDAJIT_ARCH to override.")
-    return by_major[major]
+    return arch_of_capability(*torch.cuda.get_device_capability(device_index))
 
 
 @functools.lru_cache(maxsize=None)

@@ -11,6 +11,10 @@
 | KDAJIT_LOCK_TIMEOUT | seconds to wait for another process's compile before compiling in memory | 600 |
 | KDAJIT_VALIDATE | `full` (also checks cu_seqlens values: one small device-to-host copy) or `shapes` | full |
 | KDAJIT_LOG | log level name for the `kdajit` logger (debug, info, warning) | warning |
+| KDAJIT_COMPILE_WORKERS | default number of `kdajit precompile` worker processes (`-j`) | min(2, CPUs) |
+
+CuTe DSL variables that change generated code (`codegen_env`) are part of the cache's toolchain
+fingerprint, so a kernel built with, say, CUTE_DSL_LINEINFO=1 is never served to a process without it.
 """
 from __future__ import annotations
 
@@ -71,6 +75,43 @@ def validate_mode() -> str:
 
 def log_level() -> str:
     return _get("LOG", "warning").upper()
+
+
+def compile_workers() -> int | None:
+    raw = _get("COMPILE_WORKERS")
+    if not raw:
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"KDAJIT_COMPILE_WORKERS={raw!r} is not an integer") from None
+    if n < 1:
+        raise ValueError(f"KDAJIT_COMPILE_WORKERS={raw!r} must be at least 1")
+    return n
+
+
+# CuTe DSL settings marked `affects_compile` in cutlass/base_dsl/env_manager.py that change the object
+# code. Left out on purpose: CUTE_DSL_ARCH and ENABLE_TVM_FFI (kdajit passes --gpu-arch and
+# --enable-tvm-ffi to every compile), LIBS (an absolute path), WARNINGS_AS_ERRORS (pass/fail only).
+_CODEGEN_VARS = ("CUTE_DSL_DEBUG", "CUTE_DSL_LINEINFO", "CUTE_DSL_COMPILER_OPT", "CUTE_DSL_COMPILER_BACKEND",
+                 "CUTE_DSL_ENABLE_ASSERTIONS", "CUTE_DSL_ENABLE_PYIR", "CUTE_DSL_AUTO_M2S",
+                 "CUTE_DSL_TOLERATE_M2M", "CUTE_DSL_LOC_TRACEBACKS", "CUTE_DSL_DRYRUN")
+
+
+def codegen_env() -> dict[str, str]:
+    """The set CuTe DSL variables that change generated code (for the cache's toolchain fingerprint)."""
+    return {k: os.environ[k] for k in _CODEGEN_VARS if os.environ.get(k)}
+
+
+def pin_compile_worker(arch: str) -> None:
+    """Make this (fresh, spawned) process a GPU-blind compile worker for `arch`.
+
+    Called first thing in a `kdajit precompile` worker, before cutlass or torch is imported: the
+    worker compiles natively for `arch` and never creates a CUDA context.
+    """
+    os.environ["CUTE_DSL_ARCH"] = arch
+    os.environ[_PREFIX + "ARCH"] = arch
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 def prepare_cute_dsl(default_arch: str) -> None:

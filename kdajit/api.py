@@ -1,0 +1,176 @@
+"""Public API: validate, pick the specialization, fetch compiled kernels, allocate outputs, launch.
+
+The first call of a specialization compiles (or loads from the disk cache); later calls do one dict
+lookup per kernel and launch through TVM-FFI on the caller's current CUDA stream.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple
+
+import torch
+
+from kdajit import cache, compiler, validate
+from kdajit.keys import ForwardSpec
+
+
+class ForwardOutput(NamedTuple):
+    """Outputs of `forward`: all bf16; `qg` is None unless `output_qg=True`."""
+
+    Aqk: torch.Tensor
+    Akk: torch.Tensor
+    w: torch.Tensor
+    u: torch.Tensor
+    kg: torch.Tensor
+    qg: torch.Tensor | None
+
+
+class _Kernels(NamedTuple):
+    intra: Callable
+    inverse: Callable
+    recompute: Callable
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(beta_dtype: str, varlen: str, head_k: int, head_v: int, chunk: int, output_qg: bool,
+             device_index: int) -> _Kernels:
+    spec = ForwardSpec(beta_dtype, varlen, head_k, head_v, chunk, output_qg, compiler.current_arch(device_index))
+    return _Kernels(*(cache.get_kernel(key) for key in spec.kernel_keys()))
+
+
+@functools.lru_cache(maxsize=None)
+def _dummy(device: torch.device, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """Placeholders for arguments a specialization never reads (cu_seqlens when dense, q/qg without QG)."""
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def _seq_vectors(cu_seqlens: torch.Tensor | None, chunk: int, device: torch.device):
+    """(cu_seqlens, chunk_offsets) for the kernels; chunk_offsets[s] = chunks before sequence s.
+
+    Computed with device ops, so no host synchronisation (and CUDA-graph capture works).
+    """
+    if cu_seqlens is None:
+        dummy = _dummy(device, torch.int32, (1,))
+        return dummy, dummy
+    chunks = (cu_seqlens[1:] - cu_seqlens[:-1] + (chunk - 1)) // chunk
+    offsets = torch.nn.functional.pad(torch.cumsum(chunks, 0, dtype=torch.int32), (1, 0))
+    return cu_seqlens, offsets
+
+
+def _device_index(t: torch.Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
+def _output(out: ForwardOutput | None, name: str, shape, like: torch.Tensor) -> torch.Tensor:
+    """A fresh output tensor, or the caller's `out` field after checking it matches."""
+    if out is None:
+        return torch.empty(shape, dtype=torch.bfloat16, device=like.device)
+    t = getattr(out, name)
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape) or t.dtype != torch.bfloat16 \
+            or t.device != like.device or not t.is_contiguous() or t.data_ptr() % 16:
+        got = f"{t.dtype} {list(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"out.{name} must be a contiguous, 16-byte aligned bfloat16 tensor of shape {list(shape)} "
+                         f"on {like.device}, got {got}")
+    return t
+
+
+def _intra_outputs(out: ForwardOutput | None, problem, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (problem.batch, problem.tokens, problem.heads, problem.chunk)
+    return _output(out, "Aqk", shape, like), _output(out, "Akk", shape, like)
+
+
+def _recompute_outputs(out: ForwardOutput | None, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor | None):
+    qg = _output(out, "qg", q.shape, k) if q is not None else None
+    return _output(out, "w", k.shape, k), _output(out, "u", v.shape, k), _output(out, "kg", k.shape, k), qg
+
+
+def _run_intra(q, k, gk, beta, scale, cu, offsets, kernels, Aqk, Akk) -> None:
+    if Aqk.numel():
+        L = torch.empty(Aqk.shape, dtype=torch.float32, device=q.device)
+        kernels.intra(q, k, gk, beta, Aqk, L, cu, offsets, scale)
+        kernels.inverse(L, Akk, cu, offsets)
+
+
+def _run_recompute(k, v, beta, Akk, gk, q, cu, offsets, kernels, w, u, kg, qg) -> None:
+    if k.numel():
+        q_arg = q if q is not None else _dummy(k.device, torch.bfloat16, (1, 1, 1, k.shape[-1]))
+        qg_arg = qg if qg is not None else q_arg
+        kernels.recompute(k, v, beta, Akk, gk, q_arg, w, u, kg, qg_arg, cu, offsets)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor,
+            scale: float | None = None, *, cu_seqlens: torch.Tensor | None = None, chunk_size: int = 64,
+            output_qg: bool = False, safe_gate: bool = True, out: ForwardOutput | None = None) -> ForwardOutput:
+    """The whole KDA forward intra stage: Aqk, Akk = (I+L)^-1, W, U, KG (and QG if `output_qg`).
+
+    q, k: bf16 [B, T, H, K]; v: bf16 [B, T, H, V]; gk: fp32 chunk-local cumulative log2 gate
+    [B, T, H, K]; beta: bf16 or fp32 [B, T, H]; scale defaults to K ** -0.5; cu_seqlens: int32 or
+    int64 [N+1] with B == 1 for packed sequences. Bitwise equal to `recompute_w_u(k, v, beta,
+    intra(...)[1], gk, q=...)`. `out`: preallocated outputs to write into (e.g. static buffers for
+    CUDA graphs); `out.qg` is needed only with `output_qg`.
+    """
+    validate.check_safe_gate(safe_gate)
+    validate.check_scale(scale)
+    problem = validate.check_forward_inputs(q, k, v, gk, beta, cu_seqlens, chunk_size)
+    scale = problem.head_k ** -0.5 if scale is None else float(scale)
+    kernels = _kernels(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk_size,
+                       bool(output_qg), _device_index(q))
+    cu, offsets = _seq_vectors(cu_seqlens, chunk_size, q.device)
+    q_for_qg = q if output_qg else None
+    Aqk, Akk = _intra_outputs(out, problem, q)
+    w, u, kg, qg = _recompute_outputs(out, k, v, q_for_qg)
+    _run_intra(q, k, gk, beta, scale, cu, offsets, kernels, Aqk, Akk)
+    _run_recompute(k, v, beta, Akk, gk, q_for_qg, cu, offsets, kernels, w, u, kg, qg)
+    return ForwardOutput(Aqk, Akk, w, u, kg, qg)
+
+
+def intra(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor, scale: float | None = None, *,
+          cu_seqlens: torch.Tensor | None = None, chunk_size: int = 64,
+          safe_gate: bool = True, out: ForwardOutput | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Aqk (bf16 [B, T, H, chunk]) and Akk = (I + L)^-1 (bf16 [B, T, H, chunk]); see `forward`.
+
+    `out`: optional preallocated outputs (only its Aqk and Akk are used).
+    """
+    validate.check_safe_gate(safe_gate)
+    validate.check_scale(scale)
+    problem = validate.check_forward_inputs(q, k, None, gk, beta, cu_seqlens, chunk_size)
+    scale = problem.head_k ** -0.5 if scale is None else float(scale)
+    kernels = _kernels(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk_size, False,
+                       _device_index(q))
+    cu, offsets = _seq_vectors(cu_seqlens, chunk_size, q.device)
+    Aqk, Akk = _intra_outputs(out, problem, q)
+    _run_intra(q, k, gk, beta, scale, cu, offsets, kernels, Aqk, Akk)
+    return Aqk, Akk
+
+
+def recompute_w_u(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, Akk: torch.Tensor, gk: torch.Tensor, *,
+                  cu_seqlens: torch.Tensor | None = None, chunk_size: int = 64,
+                  q: torch.Tensor | None = None, out: ForwardOutput | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """W, U, KG (and QG when `q` is given) from a saved Akk: (w, u, kg, qg); see `forward`.
+
+    `out`: optional preallocated outputs (its w, u, kg and, with `q`, qg are used).
+    """
+    problem = validate.check_recompute_inputs(k, v, beta, Akk, gk, q, cu_seqlens, chunk_size)
+    kernels = _kernels(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk_size,
+                       q is not None, _device_index(k))
+    cu, offsets = _seq_vectors(cu_seqlens, chunk_size, k.device)
+    w, u, kg, qg = _recompute_outputs(out, k, v, q)
+    _run_recompute(k, v, beta, Akk, gk, q, cu, offsets, kernels, w, u, kg, qg)
+    return w, u, kg, qg
+
+
+def chunk_kda_fwd_intra(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor,
+                        scale: float | None, cu_seqlens: torch.Tensor | None = None, chunk_size: int = 64,
+                        chunk_indices: torch.Tensor | None = None, safe_gate: bool = False,
+                        disable_recompute: bool = False):
+    """FLA's `chunk_kda_fwd_intra` signature and defaults: returns (w, u, qg, kg, Aqk, Akk).
+
+    `safe_gate=True` promises the lower-bound gate (required: the exact path for arbitrary gates
+    raises NotImplementedError). `disable_recompute=True` also returns QG (else qg is None).
+    `chunk_indices` is accepted for compatibility and not needed: kdajit derives the chunk map on the
+    device from cu_seqlens.
+    """
+    out = forward(q, k, v, gk, beta, scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
+                  output_qg=disable_recompute, safe_gate=safe_gate)
+    return out.w, out.u, out.qg, out.kg, out.Aqk, out.Akk

@@ -1,0 +1,244 @@
+"""Akk = (I + L)^-1 for one (chunk, head) tile per CTA: fp32 forward substitution on CUDA cores.
+
+Math. L is the strictly lower fp32 workspace written by the intra kernel ([B, T, H, C], column =
+position in the chunk). For a tile with v = valid_rows rows, Akk is the inverse of I + L[:v, :v]:
+unit lower triangular, exactly 1.0 on the diagonal and exactly +0.0 above it, rounded once (RN) to
+bf16. Every column of every valid row is written; rows >= v are neither read nor written. Columns
+j >= v of a valid row i < v lie above the diagonal, so they are 0.
+
+Arithmetic order (this fixes the bits; docs/numerics.md repeats it). Column j of X = Akk is
+    x_j = 1,  x_i = 0 (i < j),  x_i = -acc_ij (i > j), with a zero of either sign stored as +0.0,
+    acc_ij = fma(L[i,i-1], x_{i-1}, ... fma(L[i,j+1], x_{j+1}, L[i,j] * x_j) ...)
+i.e. one fp32 chain per (i, j) in ascending s = j .. i-1: `mul.rn.f32` for the first term, then
+`fma.rn.f32` for each further term (the same bits as fma chains from +0.0). Nothing else touches
+the values: no contraction, no reassociation, no tensor cores, no other rounding; the result is
+rounded to bf16 once (cvt.rn). Signed zeros: every exact-zero result is stored as +0.0, so no bit
+depends on how a compiler treats the sign of a zero.
+Implementation details that leave the bits unchanged:
+- A chain may start before s = j, at s = 0 (columns 0..31) or 32 (columns 32..63), with x_s = +0.0
+  for s < j. For finite L those terms are exact zeros: the nonzero values of the chain are the
+  same, and zero results are normalized, so the bits equal the formula above. (A non-finite
+  L[i, s] with s < j would poison column j as well; L is finite by construction of the intra stage.)
+- The chain of a row i >= 32 in a column j < 32 is split at s = 32: its state after s = 31 is
+  written to shared memory as fp32 by one warp and continued by another. No rounding is added.
+- Rows >= v of L are replaced by 0 in shared memory. Row i < v only ever reads L[i, :i] and x_s
+  with s < i, so the result for valid rows is independent of v: a chunk gives the same bits in
+  dense mode, in varlen mode and in any batch.
+
+Warp roles (4 warps, 128 threads; `KernelConfig.warps` must be 4). With 32-row blocks
+X = [[X00, 0], [X10, X11]], lane l of a warp owns column l (X00, X10) or 32 + l (X11):
+1. all warps: L tile -> smem (rows < v by 16-byte coalesced loads, rows >= v as zeros).
+2. warp 0: X00 (columns 0..31, rows 0..31), also kept as fp32 in smem; warp 1: X11 (columns
+   32..63, rows 32..63), 496 FMAs per thread each; warp 3: zeros of the upper-right block.
+3. all warps: the s < 32 part of the chains of X10 (8 rows per warp, 256 FMAs per thread),
+   the chain states -> smem.
+4. warp 2: continues those chains over s = 32..63 and finalizes X10 (496 FMAs per thread).
+5. all warps: bf16 tile (staged in smem) -> Akk rows < v with 16-byte stores.
+Solves are right-looking in 4-column panels: finalize x_s for the panel's own 4 rows (serial),
+then advance every lower row by 4 FMAs, with L[i, s0:s0+4] read by one broadcast 16-byte shared
+load. Register arrays are indexed by trace-time constants only. Why the 2x2 split: one warp per
+32 columns would leave the warp of columns 0..31 with ~3k of the tile's ~4k instructions, and the
+4 warps of a CTA run on the SM's 4 sub-partitions, so that warp would bound the whole SM. Split,
+three warps issue ~1.4-1.5k instructions per tile and the fourth ~0.6k, and the per-tile critical
+path is shorter.
+
+Shared memory: L 64x64 fp32 (16 KiB) + X 64x64 bf16 (8 KiB) + X00 32x32 fp32 (4 KiB) = 28 KiB
+per CTA; the 32x32 fp32 chain states of step 3 reuse L rows 0..15, dead after step 2.
+
+Constraints: chunk == 64, warps == 4. Portable (sm_80, sm_90a, sm_100a): plain loads and stores,
+CUDA-core FMAs only.
+"""
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_fake_stream
+from cutlass.memory import SmemAllocator
+
+from kdajit.keys import AkkInverseKey
+from kdajit.templates.common import SymbolicShapes, chunk_coords, grid_shape
+
+_RN = cute.math.RoundingMode.NEAREST_EVEN
+_PANEL = 4  # columns per panel: one 16-byte shared load of 4 fp32 L values per row
+
+
+class AkkInverse:
+    """Akk = (I + L)^-1 (bf16) from the fp32 strict-lower L workspace; one (chunk, head) per CTA."""
+
+    def __init__(self, key: AkkInverseKey) -> None:
+        self.key = key
+        self.chunk = key.chunk
+        self.half = key.chunk // 2  # block size of the 2x2 split; one lane per column
+        self.varlen = key.varlen != "dense"
+        self.warps = key.config.warps
+        self.num_threads = 32 * self.warps
+        self.prefix_rows = self.half // self.warps  # X10 rows per warp in step 3
+
+    @staticmethod
+    def can_implement(key: AkkInverseKey) -> bool:
+        return key.chunk == 64 and key.config.warps == 4
+
+    def fake_args(self) -> tuple:
+        shapes = SymbolicShapes()
+        mL = shapes.bthd(cutlass.Float32, self.chunk)
+        mAkk = shapes.bthd(cutlass.BFloat16, self.chunk)
+        mCuSeqlens, mChunkOffsets = shapes.seq_vectors(self.key.varlen)
+        return mL, mAkk, mCuSeqlens, mChunkOffsets, make_fake_stream(use_tvm_ffi_env_stream=True)
+
+    @cute.jit
+    def __call__(self, mL: cute.Tensor, mAkk: cute.Tensor, mCuSeqlens: cute.Tensor,
+                 mChunkOffsets: cute.Tensor, stream: cuda.CUstream):
+        C = self.chunk
+        # 16-byte global accesses: fp32 L rows as 16 threads x 4 values, bf16 Akk rows as 8 x 8.
+        load_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32,
+                                        num_bits_per_copy=128)
+        load_copy = cute.make_tiled_copy_tv(
+            load_atom, cute.make_layout((self.num_threads // 16, 16), stride=(16, 1)),
+            cute.make_layout((1, 4)))
+        store_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.BFloat16,
+                                         num_bits_per_copy=128)
+        store_copy = cute.make_tiled_copy_tv(
+            store_atom, cute.make_layout((self.num_threads // 8, 8), stride=(8, 1)),
+            cute.make_layout((1, 8)))
+        self.kernel(mL, mAkk, mCuSeqlens, mChunkOffsets, load_copy, store_copy).launch(
+            grid=grid_shape(mL, mCuSeqlens, C, self.varlen), block=(self.num_threads, 1, 1),
+            stream=stream)
+
+    @cute.kernel
+    def kernel(self, mL: cute.Tensor, mAkk: cute.Tensor, mCuSeqlens: cute.Tensor,
+               mChunkOffsets: cute.Tensor, load_copy: cute.TiledCopy, store_copy: cute.TiledCopy):
+        C = self.chunk
+        half = self.half
+        tidx, _, _ = cute.arch.thread_idx()
+        _, head, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+
+        smem = SmemAllocator()
+        sL = smem.allocate_tensor(cutlass.Float32, cute.make_layout((C, C), stride=(C, 1)), 16)
+        sX = smem.allocate_tensor(cutlass.BFloat16, cute.make_layout((C, C), stride=(C, 1)), 16)
+        sX00 = smem.allocate_tensor(cutlass.Float32,
+                                    cute.make_layout((half, half), stride=(half, 1)), 16)
+        # X10 chain states (step 3 -> 4) reuse L rows 0..15: after step 2 nothing reads L rows < 32.
+        sChain = cute.make_tensor(sL.iterator, cute.make_layout((half, half), stride=(half, 1)))
+
+        is_valid, batch, row0, valid_rows = chunk_coords(mCuSeqlens, mChunkOffsets, mL.shape[1],
+                                                         C, self.varlen)
+        if is_valid:
+            gL = cute.local_tile(cute.domain_offset((row0, 0), mL[batch, None, head, None]),
+                                 (C, C), (0, 0))
+            gAkk = cute.local_tile(cute.domain_offset((row0, 0), mAkk[batch, None, head, None]),
+                                   (C, C), (0, 0))
+            cTile = cute.make_identity_tensor((C, C))
+
+            # 1. L -> smem, rows >= valid_rows as zeros (never loaded).
+            thr_load = load_copy.get_slice(tidx)
+            tLgL = thr_load.partition_S(gL)
+            tLcL = thr_load.partition_S(cTile)
+            tLsL = thr_load.partition_D(sL)
+            tLrL = cute.make_rmem_tensor_like(tLsL)
+            tLrL.fill(0.0)
+            for m in cutlass.range_constexpr(cute.size(tLgL, mode=[1])):
+                if tLcL[0, m, 0][0] < valid_rows:
+                    cute.copy(load_copy, tLgL[None, m, None], tLrL[None, m, None])
+            cute.autovec_copy(tLrL, tLsL)
+            cute.arch.sync_threads()
+
+            # 2. Diagonal blocks X00 (kept in fp32 for step 3) and X11; zero upper-right block.
+            if warp_idx == 0:
+                self.forward_substitute(sL, sX, sX00, lane, [None] * C, 0, half, True)
+            if warp_idx == 1:
+                self.forward_substitute(sL, sX, None, half + lane, [None] * C, half, C, True)
+            if warp_idx == 3:
+                for s in cutlass.range_constexpr(half):
+                    sX[s, half + lane] = cutlass.BFloat16(0.0)
+            cute.arch.sync_threads()
+
+            # 3. X10 chains over s < half, `prefix_rows` rows per warp.
+            self.lower_left_prefix(sL, sX00, sChain, lane, warp_idx)
+            cute.arch.sync_threads()
+
+            # 4. X10: continue those chains over s >= half and finalize.
+            if warp_idx == 2:
+                acc = [None] * C
+                for i in cutlass.range_constexpr(half, C):
+                    acc[i] = sChain[i - half, lane]
+                self.forward_substitute(sL, sX, None, lane, acc, half, C, False)
+            cute.arch.sync_threads()
+
+            # 5. X (bf16, smem) -> Akk rows < valid_rows.
+            thr_store = store_copy.get_slice(tidx)
+            tSsX = thr_store.partition_S(sX)
+            tSgA = thr_store.partition_D(gAkk)
+            tScA = thr_store.partition_D(cTile)
+            tSrX = cute.make_rmem_tensor_like(tSsX)
+            cute.autovec_copy(tSsX, tSrX)
+            for m in cutlass.range_constexpr(cute.size(tSgA, mode=[1])):
+                if tScA[0, m, 0][0] < valid_rows:
+                    cute.copy(store_copy, tSrX[None, m, None], tSgA[None, m, None])
+
+    # Trace-time helpers: plain Python called from the kernel. They emit straight-line code only
+    # (no runtime control flow), so their loops are Python loops, unrolled while tracing.
+
+    def forward_substitute(self, sL, sX, sXf, col, acc, begin, end, on_diagonal):
+        """Finalize x_s of column `col` for s in [begin, end), advancing the chains of rows < end.
+
+        `acc[i]` is row i's chain state (None before its first term); the chains have consumed
+        every s < begin. Right-looking in panels of 4: the panel's own triangle, then 4 steps of
+        each lower row with L[i, s0:s0+4] in one broadcast 16-byte load. `on_diagonal`: `col` may
+        be >= s (diagonal blocks), so x_s needs the 0 / 1 selects. x_s goes to sX (bf16) and, when
+        `sXf` is given, to sXf[s, col] (fp32).
+        """
+        for p in range(begin // _PANEL, end // _PANEL):
+            s0 = p * _PANEL
+            x = [None] * _PANEL
+            for k in range(_PANEL):
+                s = s0 + k
+                x[k] = self.finalize(acc[s], col, s, on_diagonal)
+                sX[s, col] = x[k].to(cutlass.BFloat16)
+                if sXf is not None:
+                    sXf[s, col] = x[k]
+                for r in range(s + 1, s0 + _PANEL):
+                    acc[r] = self.chain_step(acc[r], sL[r, s], x[k])
+            for i in range(s0 + _PANEL, end):
+                for k in range(_PANEL):
+                    acc[i] = self.chain_step(acc[i], sL[i, s0 + k], x[k])
+
+    def lower_left_prefix(self, sL, sX00, sChain, lane, warp_idx):
+        """Chains of X10 rows [half + prefix_rows * warp_idx, +prefix_rows), column `lane`, over
+        s = 0 .. half-1 (x_s from the fp32 X00), stored to sChain[i - half, lane]."""
+        half = self.half
+        rows = self.prefix_rows
+        x = [None] * half
+        for s in range(half):
+            x[s] = sX00[s, lane]
+        first = warp_idx * rows
+        sL_rows = cute.domain_offset((half + first, 0), sL)
+        sChain_rows = cute.domain_offset((first, 0), sChain)
+        acc = [None] * rows
+        for p in range(half // _PANEL):
+            for r in range(rows):
+                for k in range(_PANEL):
+                    s = p * _PANEL + k
+                    acc[r] = self.chain_step(acc[r], sL_rows[r, s], x[s])
+        for r in range(rows):
+            sChain_rows[r, lane] = acc[r]
+
+    def chain_step(self, acc, l_is, x_s):
+        """acc + l_is * x_s rounded once; the first term of a chain is the rounded product."""
+        if acc is None:
+            return cute.math.mul(l_is, x_s, rounding=_RN)
+        return cute.math.fma(l_is, x_s, acc, rounding=_RN)
+
+    def finalize(self, acc, col, row, on_diagonal):
+        """x_row of column `col`: -acc (a zero as +0.0); on diagonal blocks 1 at col == row and 0
+        for col > row."""
+        zero = cutlass.Float32(0.0)
+        below = zero
+        if acc is not None:
+            below = cutlass.Float32(cutlass.select_(acc == zero, zero, -acc))
+        if not on_diagonal:
+            return below
+        on_or_below = cutlass.Float32(cutlass.select_(col == row, cutlass.Float32(1.0), below))
+        return cutlass.Float32(cutlass.select_(col > row, zero, on_or_below))

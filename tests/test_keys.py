@@ -1,0 +1,67 @@
+"""Compile keys: every field matters, runtime shapes are never part of one, and invalid specs are refused."""
+import dataclasses
+
+import pytest
+
+from kdajit.keys import (AkkInverseKey, ForwardSpec, IntraKey, KernelConfig, RecomputeWUKey, key_from_json)
+
+SPEC = ForwardSpec("bf16", "cu32", 128, 128, 64, False, "sm_90a")
+# Another legal value for every field, used to check that each one reaches the key.
+OTHER = {"beta_dtype": "fp32", "varlen": "dense", "head_k": 64, "head_v": 64, "chunk": 32, "output_qg": True,
+         "arch": "sm_100a", "config": KernelConfig(warps=8)}
+
+
+@pytest.mark.parametrize("key", SPEC.kernel_keys(), ids=lambda k: k.TEMPLATE)
+def test_every_field_changes_the_key(key):
+    seen = {key.canonical()}
+    slugs = {(key.spec_slug(), key.arch, key.config.slug())}
+    for field in dataclasses.fields(key):
+        changed = dataclasses.replace(key, **{field.name: OTHER[field.name]})
+        assert changed != key
+        assert changed.canonical() not in seen, field.name
+        seen.add(changed.canonical())
+        slug = (changed.spec_slug(), changed.arch, changed.config.slug())
+        assert slug not in slugs, f"{field.name} does not show in the slug/arch/config path parts"
+        slugs.add(slug)
+
+
+@pytest.mark.parametrize("key", SPEC.kernel_keys(), ids=lambda k: k.TEMPLATE)
+def test_json_round_trip(key):
+    assert key_from_json(key.to_json()) == key
+    assert key_from_json(dict(key.to_json())).canonical() == key.canonical()
+
+
+def test_no_runtime_shapes_in_keys():
+    runtime = {"batch", "b", "tokens", "t", "seq_len", "heads", "h", "n_seqs", "n", "scale"}
+    for cls in (IntraKey, AkkInverseKey, RecomputeWUKey):
+        names = {f.name.lower() for f in dataclasses.fields(cls)}
+        assert not names & runtime, cls
+
+
+def test_kernel_keys_only_hold_what_the_kernel_depends_on():
+    intra, inverse, recompute = SPEC.kernel_keys()
+    other_beta = dataclasses.replace(SPEC, beta_dtype="fp32").kernel_keys()
+    assert other_beta[1] == inverse  # the inverse does not read beta
+    assert other_beta[0] != intra and other_beta[2] != recompute
+    with_qg = dataclasses.replace(SPEC, output_qg=True).kernel_keys()
+    assert with_qg[0] == intra and with_qg[1] == inverse and with_qg[2] != recompute
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("beta_dtype", "fp16", ["beta_dtype", "fp16", "bf16", "fp32"]),
+    ("varlen", "cu16", ["varlen", "cu16"]),
+    ("head_k", 96, ["head_k", "96"]),
+    ("chunk", 48, ["chunk_size", "48"]),
+    ("arch", "sm_90", ["arch", "sm_90", "sm_90a"]),
+    ("output_qg", 1, ["output_qg", "bool"]),
+])
+def test_invalid_spec_is_refused(field, value, words):
+    with pytest.raises(ValueError) as info:
+        dataclasses.replace(SPEC, **{field: value})
+    for w in words:
+        assert w in str(info.value)
+
+
+def test_unknown_template_is_refused():
+    with pytest.raises(ValueError, match="template='gemm' is not a kdajit kernel"):
+        key_from_json({"template": "gemm"})

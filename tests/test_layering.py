@@ -1,0 +1,60 @@
+"""Code-shape rules that keep the package maintainable (see docs/style-anchors in shared/)."""
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SOURCES = sorted(p for d in ("kdajit", "templates", "cache_tools") for p in (ROOT / d).rglob("*.py"))
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def test_sources_found():
+    assert len(SOURCES) >= 8
+
+
+def test_templates_import_only_leaves():
+    # API -> tuner -> cache -> compiler -> templates -> keys: templates never reach back up.
+    upward = ("kdajit.api", "kdajit.cache", "kdajit.compiler", "kdajit.tuner", "kdajit.cli", "kdajit.cache_tools",
+              "torch")
+    for path in (ROOT / "templates").glob("*.py"):
+        bad = {m for m in imported_modules(path) if m.startswith(upward)}
+        assert not bad, f"{path.name} imports {bad}"
+
+
+def test_cache_does_not_import_the_api():
+    for name in ("cache.py", "compiler.py", "keys.py", "env.py"):
+        mods = imported_modules(ROOT / "kdajit" / name)
+        assert not {m for m in mods if m.startswith(("kdajit.api", "kdajit.cli"))}, name
+
+
+def test_environment_is_read_only_in_env_module():
+    for path in SOURCES:
+        if path.name == "env.py":
+            continue
+        text = path.read_text()
+        assert "os.environ" not in text and "os.getenv" not in text, f"{path} reads the environment"
+
+
+def test_cute_compile_is_called_in_one_place():
+    callers = [p.name for p in SOURCES if "cute.compile(" in p.read_text()]
+    assert callers == ["compiler.py"], callers
+
+
+def test_one_kernel_class_per_template_file():
+    for path in (ROOT / "templates").glob("*.py"):
+        if path.name in ("__init__.py", "common.py"):
+            continue
+        text = path.read_text()
+        assert text.count("@cute.kernel") == 1, f"{path.name} must hold exactly one @cute.kernel"
+        classes = [n for n in ast.parse(text).body if isinstance(n, ast.ClassDef)]
+        assert len(classes) == 1, f"{path.name} must hold exactly one class, has {[c.name for c in classes]}"
