@@ -1,0 +1,260 @@
+"""`kdajit cache ls | show | why | verify`: read-only views of a cache root (verify --fix moves bad entries)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kdajit.cache_tools import store
+
+from kdajit import cache
+from kdajit.keys import key_from_json
+
+
+def _print_table(rows: list[list[str]], header: list[str]) -> None:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    for r in [header] + rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+def _toolchain_label(e: store.Entry) -> str:
+    return "current" if e.current else f"stale tc-{e.toolchain[:8]}"
+
+
+def select_entries(root: Path, archs: list[str] | None = None, spec: str | None = None,
+                   toolchain: str = "all") -> list[store.Entry]:
+    """Entries filtered by arch, spec substring and toolchain ("all", "current" or "stale")."""
+    out = []
+    for e in store.iter_entries(root):
+        if archs and e.arch not in archs:
+            continue
+        if spec and spec not in e.spec and spec not in e.relpath:
+            continue
+        if toolchain == "current" and not e.current or toolchain == "stale" and e.current:
+            continue
+        out.append(e)
+    return out
+
+
+def ls(root: Path, archs: list[str] | None, spec: str | None, toolchain: str, as_json: bool) -> int:
+    entries = select_entries(root, archs, spec, toolchain)
+    fp = cache.toolchain_fingerprint()
+    if as_json:
+        print(json.dumps({"root": str(root), "toolchain": fp, "entries": [e.as_json() for e in entries]}, indent=1))
+        return 0
+    rows = [[e.arch, _toolchain_label(e), e.spec if e.meta else f"{e.spec} (no valid meta.json)", e.config,
+             store.human_size(e.size), store.short_time(e.created), store.short_time(e.last_used)]
+            for e in sorted(entries, key=lambda e: (e.arch, not e.current, e.spec, e.config))]
+    if rows:
+        _print_table(rows, ["ARCH", "TOOLCHAIN", "SPEC", "CONFIG", "SIZE", "CREATED", "LAST USED"])
+    total = sum(e.size for e in entries)
+    print(f"{len(entries)} entries, {store.human_size(total)} under {root} (current toolchain tc-{fp})")
+    return 0
+
+
+def _resolve_target(root: Path, target: str, arch: str | None, config) -> tuple[str, object | None]:
+    """(relpath, key or None) for a `show`/`why` target: an entry path or a key."""
+    p = Path(target)
+    for candidate in (p, root / target):
+        if "/kernels/" in candidate.as_posix() and candidate.is_dir():
+            try:
+                return candidate.absolute().relative_to(root.absolute()).as_posix(), None
+            except ValueError:
+                raise ValueError(f"{target} is not under the cache root {root}") from None
+    from kdajit.cache_tools import keyspec
+
+    key = keyspec.parse_key(target, arch=arch, config=config)
+    return cache.entry_relpath(key), key
+
+
+def show(root: Path, target: str, arch: str | None, config, as_json: bool) -> int:
+    relpath, key = _resolve_target(root, target, arch, config)
+    parts = relpath.split("/")
+    fp = parts[2][3:] if len(parts) > 2 and parts[2].startswith("tc-") else None
+    check = cache.check_entry(root, relpath, expect_key=key, expect_fp=fp)
+    components = store.read_toolchain(root / "/".join(parts[:3])) if fp else None
+    doc = {"path": str(root / relpath), "relpath": relpath, "status": check.status, "reason": check.reason,
+           "toolchain": fp, "toolchain_current": fp == cache.toolchain_fingerprint(), "meta": check.meta,
+           "toolchain_components": components}
+    if check.meta is None and check.status != "missing":
+        try:
+            doc["meta_raw"] = (root / relpath / cache.META).read_text(errors="replace")[:4000]
+        except OSError:
+            pass
+    if as_json:
+        print(json.dumps(doc, indent=1))
+    else:
+        print(f"entry:     {doc['path']}")
+        print(f"status:    {check.status}" + (f" ({check.reason})" if check.reason else ""))
+        print(f"toolchain: tc-{fp} ({'current' if doc['toolchain_current'] else 'stale'})")
+        if check.status == "missing":
+            print("not cached; `kdajit cache why` explains what differs from the nearest entries")
+        if check.meta:
+            print("meta.json:")
+            print("  " + json.dumps(check.meta, indent=1, sort_keys=True).replace("\n", "\n  "))
+        elif "meta_raw" in doc:
+            print("meta.json (unparsed): " + doc["meta_raw"][:400])
+    return 0 if check.ok else 1
+
+
+# -- why ---------------------------------------------------------------------------------------
+_WEIGHTS = {"template": 100, "arch": 10, "spec": 5, "config": 3, "toolchain": 1}
+
+
+def _diff_components(theirs: dict | None, ours: dict) -> dict:
+    """What differs between two toolchain component dicts (None: the entry recorded none)."""
+    if theirs is None:
+        return {"toolchain.json": "missing in the entry's toolchain directory"}
+    out = {}
+    for name in sorted(set(theirs) | set(ours)):
+        a, b = theirs.get(name), ours.get(name)
+        if a == b:
+            continue
+        if name == "kernel_src" and isinstance(a, dict) and isinstance(b, dict):
+            out[name] = {f: ("changed" if f in a and f in b else "added" if f in b else "removed")
+                         for f in sorted(set(a) | set(b)) if a.get(f) != b.get(f)}
+        elif name == "dsl_stack" and isinstance(a, list) and isinstance(b, list):
+            out[name] = {"entry": sorted(set(a) - set(b)), "now": sorted(set(b) - set(a))}
+        else:
+            out[name] = {"entry": a, "now": b}
+    return out
+
+
+def _differences(entry: store.Entry, key, fp: str, components: dict, tc_cache: dict) -> list[dict]:
+    diffs = []
+    meta_key = entry.meta.get("key") if entry.meta else None
+    if not isinstance(meta_key, dict):
+        return [{"part": "meta", "entry": "unreadable meta.json", "now": None}]
+    wanted = key.to_json()
+    if meta_key.get("template") != wanted["template"]:
+        diffs.append({"part": "template", "entry": meta_key.get("template"), "now": wanted["template"]})
+    if meta_key.get("arch") != wanted["arch"]:
+        diffs.append({"part": "arch", "entry": meta_key.get("arch"), "now": wanted["arch"]})
+    for name in sorted(set(meta_key) | set(wanted)):
+        if name in ("template", "arch", "config"):
+            continue
+        if meta_key.get(name) != wanted.get(name):
+            diffs.append({"part": "spec", "field": name, "entry": meta_key.get(name), "now": wanted.get(name)})
+    their_cfg, our_cfg = meta_key.get("config") or {}, wanted["config"]
+    for name in sorted(set(their_cfg) | set(our_cfg)):
+        if their_cfg.get(name) != our_cfg.get(name):
+            diffs.append({"part": "config", "field": name, "entry": their_cfg.get(name), "now": our_cfg.get(name)})
+    if entry.toolchain != fp:
+        tc_dir = entry.root / cache.LAYOUT / entry.arch / f"tc-{entry.toolchain}"
+        if tc_dir not in tc_cache:
+            tc_cache[tc_dir] = store.read_toolchain(tc_dir)
+        diffs.append({"part": "toolchain", "entry": f"tc-{entry.toolchain}", "now": f"tc-{fp}",
+                      "components": _diff_components(tc_cache[tc_dir], components)})
+    return diffs
+
+
+def _format_diff(d: dict) -> str:
+    if d["part"] == "toolchain":
+        bits = []
+        for name, change in d["components"].items():
+            if name == "kernel_src":
+                bits.append("kernel sources " + ", ".join(f"{f} {c}" for f, c in change.items()))
+            elif name == "dsl_stack":
+                bits.append(f"dsl stack {' '.join(change['entry']) or '-'} -> {' '.join(change['now']) or '-'}")
+            elif isinstance(change, dict):
+                bits.append(f"{name} {change['entry']!r} -> {change['now']!r}")
+            else:
+                bits.append(f"{name}: {change}")
+        return f"toolchain {d['entry']} -> {d['now']} ({'; '.join(bits) or 'components equal'})"
+    label = d["part"] + (f".{d['field']}" if "field" in d else "")
+    return f"{label}: entry has {d['entry']!r}, lookup wants {d['now']!r}"
+
+
+def why(root: Path, target: str, arch: str | None, config, as_json: bool, limit: int = 3) -> int:
+    """Explain a lookup: hit, present-but-rejected (and why), or miss with the nearest entries."""
+    from kdajit.cache_tools import keyspec
+
+    key = keyspec.parse_key(target, arch=arch, config=config)
+    fp = cache.toolchain_fingerprint()
+    relpath = cache.entry_relpath(key, fp)
+    check = cache.check_entry(root, relpath, expect_key=key, expect_fp=fp)
+    doc = {"key": key.to_json(), "spec": key.spec_slug(), "relpath": relpath, "root": str(root),
+           "toolchain": fp, "status": {"ok": "hit", "missing": "miss"}.get(check.status, "rejected"),
+           "reason": check.reason, "nearest": []}
+    if check.status == "missing":
+        components = cache.toolchain_components()
+        tc_cache: dict = {}
+        scored = []
+        for e in store.iter_entries(root, fp):
+            diffs = _differences(e, key, fp, components, tc_cache)
+            score = sum(_WEIGHTS.get(d["part"], 50) for d in diffs)
+            scored.append((score, e.relpath, diffs))
+        scored.sort(key=lambda t: (t[0], t[1]))
+        doc["nearest"] = [{"relpath": r, "score": s, "differences": d} for s, r, d in scored[:limit]]
+        doc["fix"] = cache.precompile_command(key, root)
+    if as_json:
+        print(json.dumps(doc, indent=1))
+        return 0 if check.ok else 1
+    print(f"lookup:    {cache.describe(key)}")
+    print(f"entry:     {root / relpath}")
+    if check.ok:
+        print("result:    hit (the entry verifies; a process with this environment loads it)")
+        return 0
+    if check.status != "missing":
+        print(f"result:    present but rejected: {check.status} ({check.reason}); the runtime moves it to "
+              f"quarantine and rebuilds it")
+        return 1
+    print("result:    miss (no entry at that path)")
+    if not doc["nearest"]:
+        print(f"nearest:   none; the cache under {root} is empty")
+    for n in doc["nearest"]:
+        print(f"nearest:   {n['relpath']}")
+        for d in n["differences"] or [{"part": "none"}]:
+            print("           - " + (_format_diff(d) if d["part"] != "none" else "no difference in the key"))
+    print(f"fix:       {doc['fix']}")
+    return 1
+
+
+# -- verify ------------------------------------------------------------------------------------
+def verify(root: Path, archs: list[str] | None, fix: bool, load: bool, as_json: bool) -> int:
+    """Re-hash and re-parse every entry (each against its own toolchain); --fix quarantines bad ones."""
+    results = []
+    for e in select_entries(root, archs):
+        check = cache.check_entry(root, e.relpath, expect_fp=e.toolchain)
+        if not e.current and (check.status == "foreign" or check.reason.startswith("meta.json: unknown key")):
+            # Another kdajit version's entry: its keys may not parse or map the same way here. It is
+            # unreachable from this version (and the version that owns it verifies it at load).
+            check = cache.EntryCheck("unknown", f"another kdajit version's entry? {check.reason}", check.meta)
+        if check.ok and load and e.current:
+            check = _try_load(root, e)
+        r = {"relpath": e.relpath, "status": check.status, "reason": check.reason, "moved_to": None}
+        if check.bad and fix:
+            moved = cache.quarantine_entry(root, e.relpath, f"verify: {check.status}: {check.reason}")
+            r["moved_to"] = str(moved) if moved else None
+        results.append(r)
+    bad = [r for r in results if r["status"] not in ("ok", "unknown")]
+    remaining = [r for r in bad if not r["moved_to"]]
+    if as_json:
+        print(json.dumps({"root": str(root), "checked": len(results), "ok": len(results) - len(bad),
+                          "bad": len(bad), "fixed": len(bad) - len(remaining), "entries": results}, indent=1))
+    else:
+        for r in bad:
+            where = f" -> moved to {r['moved_to']}" if r["moved_to"] else ""
+            print(f"{r['status'].upper():10} {r['relpath']}: {r['reason']}{where}")
+        print(f"verify: {len(results)} entries, {len(results) - len(bad)} ok, {len(bad)} bad"
+              + (f", {len(bad) - len(remaining)} moved to quarantine" if fix else
+                 (" (run with --fix to move them aside)" if bad else "")))
+    return 1 if remaining else 0
+
+
+def _try_load(root: Path, e: store.Entry) -> cache.EntryCheck:
+    from kdajit import compiler
+
+    try:
+        compiler.load_object(str(e.path / cache.ARTIFACT))
+        return cache.EntryCheck("ok", meta=e.meta)
+    except Exception as exc:  # noqa: BLE001 - reported
+        return cache.EntryCheck("corrupt", f"load_module failed: {type(exc).__name__}: {exc}", e.meta)
+
+
+def key_of(entry: store.Entry):
+    """The entry's key from its meta (None if unreadable)."""
+    try:
+        return key_from_json(entry.meta["key"])
+    except (TypeError, KeyError, ValueError):
+        return None
+

@@ -1,0 +1,123 @@
+"""From command-line words to kernel keys: `precompile`'s cross product and `why`/`show`'s key syntax.
+
+Key syntax (what `kdajit cache ls` prints in its SPEC column, i.e. `key.spec_slug()`):
+    akk_inverse.varlen-dense.chunk-64
+    recompute_wu.beta_dtype-bf16.varlen-cu32.head_k-128.head_v-128.chunk-64.output_qg-false
+optionally followed by `@<arch>` (default: --arch, else the current arch); or the key's JSON.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+
+from kdajit import keys as kkeys
+from kdajit.keys import ForwardSpec, KernelConfig, key_from_json
+
+QG_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
+
+
+def split_words(values: list[str] | None) -> list[str]:
+    """Flatten repeated and comma-separated option values, keeping order, dropping duplicates."""
+    out: list[str] = []
+    for v in values or []:
+        for word in v.split(","):
+            word = word.strip()
+            if word and word not in out:
+                out.append(word)
+    return out
+
+
+def parse_kv(word: str) -> tuple[int, int]:
+    """'128' -> (128, 128); '128x64' -> (K=128, V=64)."""
+    try:
+        if "x" in word:
+            k, v = word.lower().split("x", 1)
+            return int(k), int(v)
+        return int(word), int(word)
+    except ValueError:
+        raise ValueError(f"--kv {word!r} is not a head dim like 128 or 128x64") from None
+
+
+def parse_config(word: str) -> KernelConfig:
+    """'warps=8' (comma-separated field=value pairs) -> KernelConfig; 'ref' is the reference config."""
+    if word in ("ref", "default", ""):
+        return KernelConfig()
+    fields = {f.name: f for f in dataclasses.fields(KernelConfig)}
+    values = {}
+    for pair in word.split(";" if ";" in word else ","):
+        name, sep, value = pair.partition("=")
+        name = name.strip()
+        if not sep or name not in fields:
+            raise ValueError(f"config {word!r}: expected field=value pairs with fields {sorted(fields)}")
+        values[name] = _typed(value.strip(), fields[name].type, f"config {name}")
+    return KernelConfig(**values)
+
+
+def _typed(text: str, type_name, what: str):
+    type_name = getattr(type_name, "__name__", str(type_name))
+    if type_name == "int":
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"{what}={text!r} is not an integer") from None
+    if type_name == "bool":
+        if text.lower() in ("true", "1", "on", "yes"):
+            return True
+        if text.lower() in ("false", "0", "off", "no"):
+            return False
+        raise ValueError(f"{what}={text!r} is not a boolean")
+    return text
+
+
+def expand(archs: list[str], betas: list[str], varlens: list[str], kvs: list[tuple[int, int]],
+           chunks: list[int], qgs: list[bool], only: list[str] | None = None,
+           configs: list[KernelConfig] | None = None) -> list:
+    """The distinct kernel keys of the cross product of ForwardSpec fields (validated), sorted.
+
+    Keys that do not depend on a field (the inverse has no beta or head dims) appear once.
+    """
+    only_set = set(only or kkeys.KEY_TYPES)
+    unknown = only_set - set(kkeys.KEY_TYPES)
+    if unknown:
+        raise ValueError(f"--only {sorted(unknown)}: kernels are {sorted(kkeys.KEY_TYPES)}")
+    configs = configs or [KernelConfig()]
+    found = {}
+    for arch, beta, varlen, (head_k, head_v), chunk, qg in itertools.product(archs, betas, varlens, kvs, chunks, qgs):
+        spec = ForwardSpec(beta, varlen, head_k, head_v, chunk, qg, arch)
+        for key in spec.kernel_keys():
+            if key.TEMPLATE not in only_set:
+                continue
+            for config in configs:
+                k = dataclasses.replace(key, config=config)
+                found[k.canonical()] = k
+    return sorted(found.values(), key=lambda k: (k.arch, k.TEMPLATE, k.canonical()))
+
+
+def parse_key(text: str, arch: str | None = None, config: KernelConfig | None = None):
+    """A kernel key from its slug (`<template>.<field>-<value>...[@arch]`) or its JSON."""
+    text = text.strip()
+    if text.startswith("{"):
+        return key_from_json(json.loads(text))
+    if "@" in text:
+        text, arch = text.rsplit("@", 1)
+    template, *parts = text.split(".")
+    if template not in kkeys.KEY_TYPES:
+        raise ValueError(f"{template!r} is not a kernel; expected one of {sorted(kkeys.KEY_TYPES)}")
+    cls = kkeys.KEY_TYPES[template]
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in ("arch", "config")}
+    values = {}
+    for part in parts:
+        name, sep, value = part.partition("-")
+        if not sep or name not in fields:
+            raise ValueError(f"{part!r} in {text!r}: expected <field>-<value> with fields {list(fields)}")
+        values[name] = _typed(value, fields[name].type, name)
+    missing = [n for n in fields if n not in values]
+    if missing:
+        raise ValueError(f"{text!r} lacks {missing}; write it as `kdajit cache ls` prints it, e.g. "
+                         f"{cls.TEMPLATE}." + ".".join(f"{n}-..." for n in fields))
+    if arch is None:
+        from kdajit import compiler
+
+        arch = compiler.current_arch()
+    return cls(**values, arch=arch, config=config or KernelConfig())

@@ -1,0 +1,201 @@
+"""The `kdajit` command (also `python -m kdajit`): precompile, cache inspection, env, demo.
+
+    kdajit precompile [--arch sm_90a,sm_100a] [--beta bf16,fp32] [--varlen dense,cu32,cu64] [--kv 128]
+                      [--chunk 64] [--qg off|on|both] [--only TEMPLATE,...] [--config warps=4] [-j N]
+                      [--dry-run] [--json] [--cache-dir DIR]
+    kdajit cache ls [--arch A] [--spec S] [--stale | --current] [--json]
+    kdajit cache show ENTRY_PATH|KEY [--arch A] [--config C] [--json]
+    kdajit cache why KEY [--arch A] [--config C] [--limit N] [--json]
+    kdajit cache verify [--arch A] [--fix] [--load] [--json]
+    kdajit cache prune [--stale] [--older-than 30d] [--max-size 5G] [--staging] [--quarantine] [--dry-run]
+    kdajit cache clear [--arch A] [--spec S] --yes
+    kdajit cache export OUT.tar[.gz] [--arch A] [--spec S] [--all-toolchains]
+    kdajit cache import IN.tar[.gz] [--world-readable]
+    kdajit env [--json]
+    kdajit demo ...
+
+Every cache verb takes --cache-dir (default: KDAJIT_CACHE_DIR, else the platformdirs user cache
+dir). KEY is a spec slug as `kdajit cache ls` prints it (e.g. akk_inverse.varlen-dense.chunk-64),
+optionally `@arch`, or a key's JSON. Exit status: 0 success, 1 a failure or a finding (failed
+compiles, bad entries, a miss in `why`), 2 a usage error.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kdajit import cache, keys
+from kdajit.cache_tools import bundle, envinfo, inspection, keyspec, maintenance, precompile, store
+
+
+def _root(args: argparse.Namespace) -> Path:
+    if args.cache_dir:
+        return Path(args.cache_dir).expanduser().absolute()
+    root = cache.cache_root()
+    if root is None:
+        raise ValueError("the disk cache is off (KDAJIT_CACHE=off); pass --cache-dir DIR")
+    return root
+
+
+def _config(args: argparse.Namespace):
+    return keyspec.parse_config(args.config) if getattr(args, "config", None) else None
+
+
+def precompile_keys(args: argparse.Namespace) -> list:
+    """The distinct kernel keys that `kdajit precompile` args select."""
+    from kdajit import compiler
+
+    archs = keyspec.split_words(args.arch) or [compiler.current_arch()]
+    kvs = [keyspec.parse_kv(w) for w in keyspec.split_words(args.kv)] or \
+        [(k, v) for k in keys.HEAD_DIMS for v in keys.HEAD_DIMS]
+    chunks = []
+    for w in keyspec.split_words(args.chunk):
+        try:
+            chunks.append(int(w))
+        except ValueError:
+            raise ValueError(f"--chunk {w!r} is not an integer") from None
+    return keyspec.expand(
+        archs=archs,
+        betas=keyspec.split_words(args.beta) or list(keys.BETA_DTYPES),
+        varlens=keyspec.split_words(args.varlen) or list(keys.VARLEN_MODES),
+        kvs=kvs,
+        chunks=chunks or list(keys.CHUNK_SIZES),
+        qgs=list(keyspec.QG_CHOICES[args.qg]),
+        only=keyspec.split_words(args.only) or None,
+        configs=[keyspec.parse_config(w) for w in (args.config or [])] or None,
+    )
+
+
+def _cmd_precompile(args: argparse.Namespace) -> int:
+    key_list = precompile_keys(args)
+    jobs = args.jobs or precompile.default_jobs()
+    return precompile.run(key_list, _root(args), jobs, dry_run=args.dry_run, as_json=args.json,
+                          progress=not args.no_progress)
+
+
+def _toolchain_filter(args: argparse.Namespace) -> str:
+    return "stale" if args.stale else "current" if args.current else "all"
+
+
+def _dispatch_cache(args: argparse.Namespace) -> int:
+    root = _root(args)
+    archs = keyspec.split_words(getattr(args, "arch", None)) or None
+    verb = args.verb
+    if verb == "ls":
+        return inspection.ls(root, archs, args.spec, _toolchain_filter(args), args.json)
+    if verb == "show":
+        return inspection.show(root, args.target, args.arch_one, _config(args), args.json)
+    if verb == "why":
+        return inspection.why(root, args.key, args.arch_one, _config(args), args.json, limit=args.limit)
+    if verb == "verify":
+        return inspection.verify(root, archs, args.fix, args.load, args.json)
+    if verb == "prune":
+        if not (args.stale or args.older_than or args.max_size or args.staging or args.quarantine):
+            raise ValueError("nothing to prune: pass --stale, --older-than, --max-size, --staging or --quarantine")
+        return maintenance.prune(
+            root, stale=args.stale, staging=args.staging, quarantine=args.quarantine, dry_run=args.dry_run,
+            older_than=store.parse_duration(args.older_than) if args.older_than else None,
+            max_size=store.parse_size(args.max_size) if args.max_size else None, as_json=args.json)
+    if verb == "clear":
+        if not args.yes:
+            raise ValueError(f"`kdajit cache clear` deletes entries under {root}; add --yes to confirm")
+        return maintenance.clear(root, archs=archs, spec=args.spec, as_json=args.json)
+    if verb == "export":
+        return bundle.export_bundle(root, Path(args.out), archs=archs, spec=args.spec,
+                                    all_toolchains=args.all_toolchains, as_json=args.json)
+    if verb == "import":
+        return bundle.import_bundle(root, Path(args.bundle), world_readable=args.world_readable, as_json=args.json)
+    raise AssertionError(verb)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cache-dir", help="cache root (default: KDAJIT_CACHE_DIR, else the user cache dir)")
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+
+    parser = argparse.ArgumentParser(prog="kdajit", description="kdajit kernels: precompile, cache tools, env.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("precompile", parents=[common], help="compile a cross product of specializations",
+                       description="Compile every distinct kernel of the cross product into the cache; works "
+                                   "without a GPU. Lists are comma-separated or repeated; each defaults to "
+                                   "every supported value (--arch: the current arch).")
+    p.add_argument("--arch", action="append", help=f"SM archs, of {', '.join(keys.ARCHS)}")
+    p.add_argument("--beta", action="append", help=f"beta dtypes, of {', '.join(keys.BETA_DTYPES)}")
+    p.add_argument("--varlen", action="append", help=f"varlen modes, of {', '.join(keys.VARLEN_MODES)}")
+    p.add_argument("--kv", action="append", help="head dims: K (V=K) or KxV, e.g. 128 or 128x128")
+    p.add_argument("--chunk", action="append", help=f"chunk sizes, of {', '.join(map(str, keys.CHUNK_SIZES))}")
+    p.add_argument("--qg", choices=sorted(keyspec.QG_CHOICES), default="both", help="output_qg variants")
+    p.add_argument("--only", action="append", help=f"only these kernels, of {', '.join(keys.KEY_TYPES)}")
+    p.add_argument("--config", action="append", help="kernel config as field=value pairs (default: reference)")
+    p.add_argument("-j", "--jobs", type=int, help="worker processes (default: KDAJIT_COMPILE_WORKERS or 2)")
+    p.add_argument("--dry-run", action="store_true", help="list the kernels and whether they are present")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=_cmd_precompile)
+
+    c = sub.add_parser("cache", help="inspect and maintain the kernel cache")
+    verbs = c.add_subparsers(dest="verb", required=True)
+    v = verbs.add_parser("ls", parents=[common], help="table of entries")
+    v.add_argument("--arch", action="append")
+    v.add_argument("--spec", help="substring of the spec slug")
+    group = v.add_mutually_exclusive_group()
+    group.add_argument("--stale", action="store_true", help="only entries of other toolchains")
+    group.add_argument("--current", action="store_true", help="only entries of this toolchain")
+    for name, helptext in (("show", "an entry's metadata and status"), ("why", "why a lookup misses")):
+        v = verbs.add_parser(name, parents=[common], help=helptext)
+        v.add_argument("target" if name == "show" else "key", help="entry path or KEY" if name == "show" else "KEY")
+        v.add_argument("--arch", dest="arch_one", help="arch of KEY (default: the current arch)")
+        v.add_argument("--config", help="config of KEY as field=value pairs (default: reference)")
+        if name == "why":
+            v.add_argument("--limit", type=int, default=3, help="nearest entries to show")
+    v = verbs.add_parser("verify", parents=[common], help="re-hash and re-parse every entry")
+    v.add_argument("--arch", action="append")
+    v.add_argument("--fix", action="store_true", help="move bad entries to quarantine/")
+    v.add_argument("--load", action="store_true", help="also load current-toolchain objects (imports CuTe DSL)")
+    v = verbs.add_parser("prune", parents=[common], help="delete stale, old or excess entries")
+    v.add_argument("--stale", action="store_true", help="entries of other toolchains and old layouts")
+    v.add_argument("--older-than", help="not used for this long: 30d, 12h, 90m")
+    v.add_argument("--max-size", help="evict least recently used entries down to this size: 5G, 500M")
+    v.add_argument("--staging", action="store_true", help="orphaned staging directories")
+    v.add_argument("--quarantine", action="store_true", help="quarantined entries")
+    v.add_argument("--dry-run", action="store_true")
+    v = verbs.add_parser("clear", parents=[common], help="delete entries (all, or by --arch/--spec)")
+    v.add_argument("--arch", action="append")
+    v.add_argument("--spec", help="substring of the spec slug")
+    v.add_argument("--yes", action="store_true", help="confirm")
+    v = verbs.add_parser("export", parents=[common], help="write a relocatable bundle")
+    v.add_argument("out", help="bundle path (.tar, or .tar.gz/.tgz to compress)")
+    v.add_argument("--arch", action="append")
+    v.add_argument("--spec", help="substring of the spec slug")
+    v.add_argument("--all-toolchains", action="store_true", help="also entries of other toolchains")
+    v = verbs.add_parser("import", parents=[common], help="verify and publish a bundle's entries")
+    v.add_argument("bundle")
+    v.add_argument("--world-readable", action="store_true",
+                   help="files 0644, dirs 0755 (an image built as one user, run as another)")
+    c.set_defaults(func=_dispatch_cache)
+
+    e = sub.add_parser("env", parents=[common], help="paths, arch, toolchain and variables, for bug reports")
+    e.set_defaults(func=lambda args: envinfo.run(
+        Path(args.cache_dir).absolute() if args.cache_dir else cache.cache_root(), args.json))
+
+    sub.add_parser("demo", help="run the forward once (see `kdajit demo --help`)", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "demo":
+        from kdajit import demo
+
+        return demo.main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:
+        print(f"kdajit: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"kdajit: error: {e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,328 @@
+"""The `kdajit` command: precompile, cache ls/show/why/verify/prune/clear/export/import, env.
+
+Verbs run in this process (`kdajit.cli.main`, no CuTe DSL import) on copies of the session's golden
+cache (4 AkkInverse entries, see cache_helpers); the checks that need a compile or a load run in
+child processes and read their `cache.stats()`.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import stat
+import tarfile
+import time
+from pathlib import Path
+
+import cache_helpers as ch
+import pytest
+
+from kdajit import cache, cli
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):
+    return ch.golden_cache(tmp_path_factory)
+
+
+@pytest.fixture
+def copy(golden, tmp_path):
+    return ch.copy_cache(golden[0], tmp_path / "cache")
+
+
+def kd(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def kd_json(capsys, *argv: str, rc: int = 0) -> dict:
+    got_rc, out, err = kd(capsys, *argv, "--json")
+    assert got_rc == rc, out + err
+    return json.loads(out)
+
+
+def make_stale(root: Path, arch: str = "sm_100a") -> str:
+    """Turn `arch`'s entries into entries of an older toolchain (older DSL, edited template)."""
+    comp = cache.toolchain_components()
+    comp["dsl_stack"] = [d.split("==")[0] + "==4.0.0" if d.startswith("nvidia-cutlass-dsl==") else d
+                         for d in comp["dsl_stack"]]
+    comp["kernel_src"]["templates/akk_inverse.py"] = "0" * 64
+    old_fp = cache.fingerprint_of(comp)
+    cur = root / "v1" / arch / f"tc-{cache.toolchain_fingerprint()}"
+    stale = cur.with_name(f"tc-{old_fp}")
+    cur.rename(stale)
+    (stale / cache.TOOLCHAIN_FILE).write_text(json.dumps({"fingerprint": old_fp, "components": comp}))
+    for meta_path in stale.glob("kernels/*/*/meta.json"):
+        meta = json.loads(meta_path.read_text())
+        meta["toolchain_fp"] = old_fp
+        meta_path.write_text(json.dumps(meta))
+    return old_fp
+
+
+# -- ls / show / why ---------------------------------------------------------------------------
+def test_ls_table_and_json(copy, capsys):
+    rc, out, _ = kd(capsys, "cache", "ls", "--cache-dir", copy)
+    lines = out.splitlines()
+    assert rc == 0 and lines[0].split() == ["ARCH", "TOOLCHAIN", "SPEC", "CONFIG", "SIZE", "CREATED", "LAST", "USED"]
+    assert len(lines) == 6 and lines[-1].startswith("4 entries")
+    assert sum("akk_inverse.varlen-dense.chunk-64" in line and "current" in line for line in lines) == 2
+    doc = kd_json(capsys, "cache", "ls", "--cache-dir", copy)
+    assert doc["toolchain"] == cache.toolchain_fingerprint() and len(doc["entries"]) == 4
+    for e in doc["entries"]:
+        assert e["toolchain_current"] and e["bytes"] > 10_000 and e["created"] and e["last_used"]
+        assert e["config"].startswith("w4-") and e["key"]["template"] == "akk_inverse"
+    assert len(kd_json(capsys, "cache", "ls", "--cache-dir", copy, "--arch", "sm_100a")["entries"]) == 2
+    assert len(kd_json(capsys, "cache", "ls", "--cache-dir", copy, "--spec", "cu32")["entries"]) == 2
+
+
+def test_ls_marks_stale_toolchains(copy, capsys):
+    old_fp = make_stale(copy)
+    doc = kd_json(capsys, "cache", "ls", "--cache-dir", copy)
+    assert sorted((e["arch"], e["toolchain_current"]) for e in doc["entries"]) == [
+        ("sm_100a", False), ("sm_100a", False), ("sm_90a", True), ("sm_90a", True)]
+    assert {e["toolchain"] for e in doc["entries"] if not e["toolchain_current"]} == {old_fp}
+    rc, out, _ = kd(capsys, "cache", "ls", "--cache-dir", copy, "--stale")
+    assert rc == 0 and out.count(f"stale tc-{old_fp[:8]}") == 2 and "2 entries" in out
+
+
+def test_show_by_key_and_by_path(copy, capsys):
+    doc = kd_json(capsys, "cache", "show", "akk_inverse.varlen-dense.chunk-64@sm_90a", "--cache-dir", copy)
+    assert doc["status"] == "ok" and doc["toolchain_current"] and doc["meta"]["key"]["varlen"] == "dense"
+    assert doc["toolchain_components"] == cache.toolchain_components()
+    rc, out, _ = kd(capsys, "cache", "show", doc["path"], "--cache-dir", copy)
+    assert rc == 0 and "status:    ok" in out and '"sha256"' in out
+    rc, out, _ = kd(capsys, "cache", "show", "akk_inverse.varlen-cu64.chunk-64@sm_90a", "--cache-dir", copy)
+    assert rc == 1 and "status:    missing" in out
+    rc, _, err = kd(capsys, "cache", "show", "akk_inverse.varlen-dense@sm_90a", "--cache-dir", copy)
+    assert rc == 2 and "lacks ['chunk']" in err
+
+
+def test_why_explains_hits_misses_and_rejections(copy, capsys):
+    rc, out, _ = kd(capsys, "cache", "why", "akk_inverse.varlen-dense.chunk-64", "--arch", "sm_90a",
+                    "--cache-dir", copy)
+    assert rc == 0 and "result:    hit" in out
+    doc = kd_json(capsys, "cache", "why", "akk_inverse.varlen-cu64.chunk-64@sm_90a", "--cache-dir", copy, rc=1)
+    assert doc["status"] == "miss"
+    assert doc["nearest"][0]["differences"] == [{"part": "spec", "field": "varlen", "entry": doc["nearest"][0][
+        "differences"][0]["entry"], "now": "cu64"}]
+    assert "/sm_90a/" in doc["nearest"][0]["relpath"] and "--varlen cu64" in doc["fix"]
+    (ch.find_entry(copy, "sm_90a", "cu32") / cache.META).write_text("{]")
+    rc, out, _ = kd(capsys, "cache", "why", "akk_inverse.varlen-cu32.chunk-64@sm_90a", "--cache-dir", copy)
+    assert rc == 1 and "rejected: corrupt" in out and "not valid JSON" in out
+
+
+def test_why_names_the_toolchain_component_that_changed(copy, capsys):
+    make_stale(copy)
+    doc = kd_json(capsys, "cache", "why", "akk_inverse.varlen-dense.chunk-64@sm_100a", "--cache-dir", copy, rc=1)
+    nearest = doc["nearest"][0]
+    assert "/sm_100a/" in nearest["relpath"] and [d["part"] for d in nearest["differences"]] == ["toolchain"]
+    changed = nearest["differences"][0]["components"]
+    assert changed["kernel_src"] == {"templates/akk_inverse.py": "changed"}
+    assert changed["dsl_stack"]["entry"] == ["nvidia-cutlass-dsl==4.0.0"]
+    assert changed["dsl_stack"]["now"][0].startswith("nvidia-cutlass-dsl==")
+    rc, out, _ = kd(capsys, "cache", "why", "akk_inverse.varlen-dense.chunk-64@sm_100a", "--cache-dir", copy)
+    assert "kernel sources templates/akk_inverse.py changed" in out
+    assert "dsl stack nvidia-cutlass-dsl==4.0.0 -> nvidia-cutlass-dsl==" in out
+
+
+# -- verify / prune / clear --------------------------------------------------------------------
+def test_verify_reports_and_fixes_bad_entries(copy, capsys):
+    assert kd_json(capsys, "cache", "verify", "--cache-dir", copy)["ok"] == 4
+    obj = ch.find_entry(copy, "sm_90a", "dense") / cache.ARTIFACT
+    obj.write_bytes(obj.read_bytes()[:1000])
+    (ch.find_entry(copy, "sm_100a", "cu32") / cache.ARTIFACT).chmod(0o646)
+    doc = kd_json(capsys, "cache", "verify", "--cache-dir", copy, rc=1)
+    assert (doc["ok"], doc["bad"], doc["fixed"]) == (2, 2, 0)
+    assert sorted(e["status"] for e in doc["entries"] if e["status"] != "ok") == ["corrupt", "unsafe"]
+    doc = kd_json(capsys, "cache", "verify", "--cache-dir", copy, "--fix")
+    assert (doc["bad"], doc["fixed"]) == (2, 2)
+    assert len(list((copy / cache.QUARANTINE).iterdir())) == 2
+    rc, out, _ = kd(capsys, "cache", "verify", "--cache-dir", copy)
+    assert rc == 0 and "2 entries, 2 ok, 0 bad" in out
+
+
+def test_verify_checks_stale_entries_against_their_own_toolchain(copy, capsys):
+    make_stale(copy)
+    assert kd_json(capsys, "cache", "verify", "--cache-dir", copy)["ok"] == 4
+
+
+def test_prune_stale_and_older_than(copy, capsys):
+    rc, _, err = kd(capsys, "cache", "prune", "--cache-dir", copy)
+    assert rc == 2 and "nothing to prune" in err
+    old_fp = make_stale(copy)
+    doc = kd_json(capsys, "cache", "prune", "--stale", "--dry-run", "--cache-dir", copy)
+    assert [r["reason"] for r in doc["removed"]] == [f"stale toolchain tc-{old_fp} (sm_100a)"]
+    assert len(ch.entry_dirs(copy)) == 4
+    kd_json(capsys, "cache", "prune", "--stale", "--cache-dir", copy)
+    assert [p.relative_to(copy).parts[1] for p in ch.entry_dirs(copy)] == ["sm_90a", "sm_90a"]
+    month_ago = time.time() - 40 * 86400
+    os.utime(ch.find_entry(copy, "sm_90a", "dense") / cache.META, (month_ago, month_ago))
+    doc = kd_json(capsys, "cache", "prune", "--older-than", "30d", "--cache-dir", copy)
+    assert len(doc["removed"]) == 1 and "varlen-dense" in doc["removed"][0]["path"]
+    assert [p.name.split(".")[1] for p in [e.parent for e in ch.entry_dirs(copy)]] == ["varlen-cu32"]
+    assert not (copy / "v1" / "sm_90a" / f"tc-{cache.toolchain_fingerprint()}" / "kernels" /
+                "akk_inverse.varlen-dense.chunk-64").exists()  # empty parents are removed
+
+
+def test_prune_max_size_evicts_least_recently_used(copy, capsys):
+    entries = ch.entry_dirs(copy)
+    now = time.time()
+    for age, entry in enumerate(entries):  # entries[0] most recently used, entries[3] least
+        os.utime(entry / cache.META, (now - 1000 * age, now - 1000 * age))
+    sizes = [sum(f.stat().st_size for f in e.iterdir()) for e in entries]
+    doc = kd_json(capsys, "cache", "prune", "--max-size", str(sizes[0] + sizes[1]), "--cache-dir", copy)
+    assert sorted(r["path"] for r in doc["removed"]) == sorted(str(e) for e in entries[2:])
+    assert ch.entry_dirs(copy) == sorted(entries[:2])
+
+
+def test_prune_staging_and_quarantine(copy, capsys):
+    host = socket.gethostname()[:40]
+    staging = copy / cache.STAGING
+    dead, alive, foreign = staging / f"{host}.999999999.aa", staging / f"{host}.{os.getpid()}.bb", staging / "h2.7.cc"
+    for d in (dead, alive, foreign):
+        d.mkdir()
+    os.utime(foreign, (time.time() - 7200, time.time() - 7200))
+    (copy / cache.QUARANTINE / "x").mkdir(parents=True)
+    doc = kd_json(capsys, "cache", "prune", "--staging", "--quarantine", "--cache-dir", copy)
+    assert sorted(Path(r["path"]).name for r in doc["removed"]) == sorted([dead.name, foreign.name, "x"])
+    assert alive.exists() and not dead.exists() and not foreign.exists() and len(ch.entry_dirs(copy)) == 4
+
+
+def test_clear_needs_yes_and_honours_filters(copy, capsys):
+    rc, _, err = kd(capsys, "cache", "clear", "--cache-dir", copy)
+    assert rc == 2 and "--yes" in err and len(ch.entry_dirs(copy)) == 4
+    kd_json(capsys, "cache", "clear", "--arch", "sm_100a", "--yes", "--cache-dir", copy)
+    assert [p.relative_to(copy).parts[1] for p in ch.entry_dirs(copy)] == ["sm_90a", "sm_90a"]
+    kd_json(capsys, "cache", "clear", "--yes", "--cache-dir", copy)
+    assert ch.entry_dirs(copy) == [] and sorted(p.name for p in copy.iterdir()) == [cache.CACHEDIR_TAG]
+
+
+# -- export / import ---------------------------------------------------------------------------
+def test_export_then_import_into_an_empty_root(copy, tmp_path, capsys):
+    bundle = tmp_path / "kernels.tar.gz"
+    doc = kd_json(capsys, "cache", "export", bundle, "--cache-dir", copy)
+    assert doc["exported"] == 4 and doc["skipped"] == [] and doc["toolchains"] == [cache.toolchain_fingerprint()]
+    with tarfile.open(bundle) as tar:
+        members = tar.getmembers()
+    assert members[0].name == "kdajit-bundle.json" and len(members) == 9
+    assert all(not m.name.startswith("/") and ".." not in m.name and m.uid == 0 and m.uname == "" for m in members)
+
+    fresh = tmp_path / "elsewhere" / "cache"
+    doc = kd_json(capsys, "cache", "import", bundle, "--cache-dir", fresh)
+    assert (doc["imported"], doc["present"], doc["failed"], doc["current_toolchain"]) == (4, 0, 0, 4)
+    def relpaths(root):
+        return sorted(e["relpath"] for e in kd_json(capsys, "cache", "ls", "--cache-dir", root)["entries"])
+
+    assert relpaths(fresh) == relpaths(copy)
+    assert kd_json(capsys, "cache", "verify", "--cache-dir", fresh)["ok"] == 4
+    for dirpath, _, files in os.walk(fresh / "v1"):
+        assert stat.S_IMODE(os.stat(dirpath).st_mode) == 0o700
+        assert all(stat.S_IMODE(os.stat(Path(dirpath) / f).st_mode) == 0o600 for f in files)
+    doc = kd_json(capsys, "cache", "import", bundle, "--cache-dir", fresh)  # idempotent
+    assert (doc["imported"], doc["present"]) == (0, 4)
+    # The imported cache serves a fresh process without compiling.
+    report = ch.lookup([ch.GOLDEN_KEYS[0], ch.GOLDEN_KEYS[3]], ch.child_env(fresh, tmp_path / "locks"))
+    assert (report["stats"]["compiles"], report["stats"]["disk_hits"]) == (0, 2), report
+
+
+def test_export_filters_and_world_readable_import(copy, tmp_path, capsys):
+    bundle = tmp_path / "b.tar"
+    assert kd_json(capsys, "cache", "export", bundle, "--arch", "sm_100a", "--cache-dir", copy)["exported"] == 2
+    fresh = tmp_path / "image-cache"
+    kd_json(capsys, "cache", "import", bundle, "--world-readable", "--cache-dir", fresh)
+    entry = ch.entry_dirs(fresh)[0]
+    assert stat.S_IMODE(entry.stat().st_mode) == 0o755
+    assert stat.S_IMODE((entry / cache.ARTIFACT).stat().st_mode) == 0o644
+    assert kd_json(capsys, "cache", "verify", "--cache-dir", fresh)["ok"] == 2  # readable, still not writable
+    rc, out, _ = kd(capsys, "cache", "export", tmp_path / "none.tar", "--spec", "intra", "--cache-dir", copy)
+    assert rc == 1 and "nothing to export" in out and not (tmp_path / "none.tar").exists()
+
+
+def _rewrite_bundle(src: Path, dst: Path, edit) -> None:
+    with tarfile.open(src) as tar:
+        items = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    with tarfile.open(dst, "w") as out:
+        for m, data in items:
+            data = edit(m.name, data)
+            m.size = len(data)
+            out.addfile(m, io.BytesIO(data))
+
+
+def test_import_rejects_tampered_bundles(copy, tmp_path, capsys):
+    bundle = tmp_path / "b.tar"
+    kd_json(capsys, "cache", "export", bundle, "--cache-dir", copy)
+
+    def flip_one_object(name, data):
+        if "/sm_90a/" in name and "varlen-dense" in name and name.endswith(cache.ARTIFACT):
+            data = bytearray(data)
+            data[5000] ^= 1
+        return bytes(data)
+
+    _rewrite_bundle(bundle, tmp_path / "flipped.tar", flip_one_object)
+    doc = kd_json(capsys, "cache", "import", tmp_path / "flipped.tar", "--cache-dir", tmp_path / "r1", rc=1)
+    assert (doc["imported"], doc["failed"]) == (3, 1)
+    assert [e["error"] for e in doc["entries"] if e["status"] == "failed"] == [
+        "ValueError: kernel.o does not match the bundle's sha256"]
+
+    def escape(name, data):
+        if name == "kdajit-bundle.json":
+            manifest = json.loads(data)
+            manifest["entries"][0]["relpath"] = "v1/sm_90a/../../../../tmp/evil"
+            data = json.dumps(manifest).encode()
+        return data
+
+    _rewrite_bundle(bundle, tmp_path / "escape.tar", escape)
+    doc = kd_json(capsys, "cache", "import", tmp_path / "escape.tar", "--cache-dir", tmp_path / "r2", rc=1)
+    assert doc["failed"] == 1 and "not a cache entry path" in doc["entries"][0]["error"]
+    assert not Path("/tmp/evil").exists()
+
+
+# -- precompile / env / entry points -----------------------------------------------------------
+def test_precompile_expands_and_dedups_the_cross_product(tmp_path, capsys):
+    def templates(*extra):
+        doc = kd_json(capsys, "precompile", "--cache-dir", tmp_path, "--arch", "sm_90a", "--dry-run", *extra)
+        assert doc["missing"] == len(doc["keys"])
+        return sorted(k["template"] for k in doc["keys"])
+
+    everything = templates()
+    assert (everything.count("akk_inverse"), everything.count("intra"), everything.count("recompute_wu")) == (3, 6, 12)
+    assert len(templates("--qg", "off")) == 3 + 6 + 6
+    assert templates("--beta", "bf16", "--varlen", "dense", "--qg", "on", "--kv", "128x128") == [
+        "akk_inverse", "intra", "recompute_wu"]
+    assert len(templates("--arch", "sm_100a", "--only", "akk_inverse,intra")) == 2 * (3 + 6)
+    rc, _, err = kd(capsys, "precompile", "--cache-dir", tmp_path, "--arch", "sm_75", "--dry-run")
+    assert rc == 2 and "arch='sm_75' is not supported" in err
+
+
+def test_precompile_is_idempotent(copy, capsys):
+    doc = kd_json(capsys, "precompile", "--cache-dir", copy, *ch.GOLDEN_ARGS, "--no-progress")
+    assert (doc["compiled"], doc["present"], doc["failed"]) == (0, 4, 0)
+
+
+def test_precompile_failure_exits_nonzero(tmp_path):
+    proc = ch.kdajit_cli(["precompile", "--cache-dir", str(tmp_path / "c"), "--arch", "sm_90a", "--only", "akk_inverse",
+                          "--varlen", "dense", "--config", "warps=3", "--json"], ch.child_env(None, tmp_path / "l"))
+    assert proc.returncode == 1, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert (doc["compiled"], doc["failed"]) == (0, 1) and "cannot implement" in doc["keys"][0]["error"]
+    assert "1/1" in proc.stderr and "failed 1" in proc.stderr  # the progress line
+
+
+def test_env_report(copy, capsys):
+    doc = kd_json(capsys, "env", "--cache-dir", copy)
+    assert doc["toolchain"]["fingerprint"] == cache.toolchain_fingerprint()
+    assert doc["cache"]["root"]["path"] == str(copy) and doc["cache"]["root"]["writable"]
+    assert doc["locks"]["path"] and doc["arch"] in ("sm_80", "sm_90a", "sm_100a")
+    rc, out, _ = kd(capsys, "env", "--cache-dir", copy)
+    assert rc == 0 and f"toolchain:    tc-{cache.toolchain_fingerprint()}" in out and "nvidia-cutlass-dsl==" in out
+
+
+def test_python_dash_m_kdajit(copy, tmp_path):
+    env = ch.child_env(copy, tmp_path / "locks")
+    proc = ch.kdajit_cli(["cache", "ls", "--json"], env)
+    assert proc.returncode == 0 and len(json.loads(proc.stdout)["entries"]) == 4
+    proc = ch.kdajit_cli(["--help"], env)
+    assert proc.returncode == 0 and all(v in proc.stdout for v in ("precompile", "cache", "env", "demo"))
+    assert ch.kdajit_cli(["cache", "frobnicate"], env).returncode == 2
