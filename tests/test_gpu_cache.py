@@ -1,0 +1,78 @@
+"""GPU: kernels precompiled without a GPU load from the cache and give the bits of kernels compiled on the GPU.
+
+The precompiled cache is `$KDAJIT_TEST_CPU_CACHE` when set (a cache built on the CPU machine with
+`kdajit precompile --arch sm_90a` and carried over); otherwise the test builds one here in a GPU-blind
+process (CUDA_VISIBLE_DEVICES="", CUTE_DSL_ARCH=sm_90a). Two fresh processes then run the same inputs:
+one may only load (KDAJIT_DISABLE_JIT=1), the other compiles into an empty cache on the GPU.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+RUNNER = textwrap.dedent("""
+    import json, sys, torch, kdajit
+    from kdajit import cache
+    x = torch.load(sys.argv[1])
+    outs = {}
+    for name, cu in (("dense", None), ("cu32", x["cu"]), ("cu64", x["cu"].long())):
+        args = x["dense"] if cu is None else x["packed"]
+        out = kdajit.forward(*args, cu_seqlens=cu, output_qg=True)
+        outs[name] = [t.cpu() for t in out]
+    torch.save(outs, sys.argv[2])
+    print(json.dumps(cache.stats()))
+""")
+
+
+def run_in_fresh_process(tmp_path, cache_dir, inputs, tag, **extra_env):
+    env = dict(os.environ, KDAJIT_CACHE_DIR=str(cache_dir), **extra_env)
+    out_path = tmp_path / f"{tag}.pt"
+    proc = subprocess.run([sys.executable, "-c", RUNNER, str(inputs), str(out_path)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(out_path), json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def precompiled_cache(tmp_path):
+    source = os.environ.get("KDAJIT_TEST_CPU_CACHE")
+    target = tmp_path / "precompiled"
+    if source:
+        shutil.copytree(source, target)
+        return target
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", CUTE_DSL_ARCH="sm_90a", KDAJIT_CACHE_DIR=str(target))
+    proc = subprocess.run([sys.executable, "-m", "kdajit", "precompile", "--arch", "sm_90a", "--beta", "bf16",
+                           "--varlen", "dense,cu32,cu64", "--qg", "on", "--no-progress"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return target
+
+
+def test_precompiled_objects_load_without_compiling_and_match(tmp_path):
+    from kdajit import reference
+
+    lengths = [1, 63, 64, 65, 127, 300]
+    cu = torch.tensor([0] + lengths).cumsum(0).to(torch.int32).cuda()
+    packed = reference.make_inputs(1, sum(lengths), 4, cu_seqlens=cu, device="cuda")
+    dense = reference.make_inputs(2, 200, 4, device="cuda")
+    names = ("q", "k", "v", "gk", "beta")
+    inputs = tmp_path / "inputs.pt"
+    torch.save({"dense": [dense[n] for n in names], "packed": [packed[n] for n in names], "cu": cu}, inputs)
+
+    loaded, load_stats = run_in_fresh_process(tmp_path, precompiled_cache(tmp_path), inputs, "loaded",
+                                              KDAJIT_DISABLE_JIT="1")
+    assert load_stats["compiles"] == 0 and load_stats["disk_hits"] >= 6, load_stats
+    compiled, compile_stats = run_in_fresh_process(tmp_path, tmp_path / "fresh", inputs, "compiled")
+    assert compile_stats["compiles"] >= 6, compile_stats
+    for mode in loaded:
+        for i, (a, b) in enumerate(zip(loaded[mode], compiled[mode])):
+            assert a.shape == b.shape
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{mode}: output {i} differs"
+            assert not torch.isnan(a.float()).any()
