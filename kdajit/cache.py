@@ -138,14 +138,24 @@ def _norm_dist(name: str) -> str:
 
 
 def _distribution_versions() -> list[str]:
-    """`name==version` of every installed nvidia-cutlass-dsl* distribution and of apache-tvm-ffi."""
-    import importlib.metadata as md
+    """`name==version` of every installed nvidia-cutlass-dsl* distribution and of apache-tvm-ffi.
 
+    Read from the `*.dist-info` directory names on sys.path: parsing every installed package's metadata
+    (importlib.metadata.distributions()) cost ~190 ms of a warm-cache first call on the H200 machine.
+    """
     found = set()
-    for dist in md.distributions():
-        name = _norm_dist(dist.metadata["Name"] or "")
-        if name.startswith("nvidia-cutlass-dsl") or name == "apache-tvm-ffi":
-            found.add(f"{name}=={dist.version}")
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for dirname in names:
+            if not dirname.endswith(".dist-info"):
+                continue
+            dist, _, version = dirname[: -len(".dist-info")].partition("-")
+            name = _norm_dist(dist)
+            if name.startswith("nvidia-cutlass-dsl") or name == "apache-tvm-ffi":
+                found.add(f"{name}=={version}")
     return sorted(found)
 
 

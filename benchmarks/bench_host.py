@@ -1,0 +1,88 @@
+"""Host-side costs of kdajit: first call with a warm disk cache, and per-call launch overhead.
+
+    KDAJIT_CACHE_DIR=<warm cache> python benchmarks/bench_host.py [--profile]
+
+Run it in a fresh process: it reports `import kdajit`, the one-time CuTe DSL import, and the first
+`forward` call (disk load of three kernels, no compile), then the steady-state host time per call on a
+tiny problem (the GPU work is negligible there, so calls/second measures host overhead).
+"""
+from __future__ import annotations
+
+import cProfile
+import os
+import pstats
+import sys
+import time
+
+t_start = time.perf_counter()
+import torch  # noqa: E402
+
+t_torch = time.perf_counter()
+import kdajit  # noqa: E402
+from kdajit import cache, compiler, reference  # noqa: E402
+from kdajit.keys import ForwardSpec  # noqa: E402
+
+t_kdajit = time.perf_counter()
+
+
+def per_call_us(fn, calls: int = 2000) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("bench_host needs a CUDA GPU")
+        return 1
+    x = reference.make_inputs(1, 128, 2, device="cuda")
+    args = (x["q"], x["k"], x["v"], x["gk"], x["beta"])
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    compiler._cute()  # the CuTe DSL + TVM-FFI import, paid once per process
+    t_dsl = time.perf_counter() - t0
+    profiler = cProfile.Profile() if "--profile" in sys.argv else None
+    t0 = time.perf_counter()
+    if profiler:
+        profiler.enable()
+    kdajit.forward(*args)
+    torch.cuda.synchronize()
+    t_first = time.perf_counter() - t0
+    if profiler:
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+    stats = cache.stats()
+    print(f"import torch {(t_torch - t_start) * 1e3:.0f} ms, import kdajit {(t_kdajit - t_torch) * 1e3:.0f} ms, "
+          f"CuTe DSL import {t_dsl * 1e3:.0f} ms")
+    print(f"first forward (warm disk cache): {t_first * 1e3:.1f} ms; compiles={stats['compiles']} "
+          f"disk_hits={stats['disk_hits']}")
+    cu = torch.tensor([0, 50, 128], dtype=torch.int32, device="cuda")
+    kdajit.forward(*args, cu_seqlens=cu)  # load the varlen kernels outside the timing
+    print(f"host time per forward call, dense: {per_call_us(lambda: kdajit.forward(*args)):.1f} us")
+    if profiler:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(2000):
+            kdajit.forward(*args)
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
+    print(f"host time per forward call, varlen (cu_seqlens values checked, one D2H copy): "
+          f"{per_call_us(lambda: kdajit.forward(*args, cu_seqlens=cu)):.1f} us")
+    os.environ["KDAJIT_VALIDATE"] = "shapes"
+    print(f"host time per forward call, varlen (KDAJIT_VALIDATE=shapes, no sync): "
+          f"{per_call_us(lambda: kdajit.forward(*args, cu_seqlens=cu)):.1f} us")
+    fn = cache.get_kernel(ForwardSpec("bf16", "dense", 128, 128, 64, False, compiler.current_arch()).inverse_key())
+    L = torch.zeros(1, 128, 2, 64, device="cuda")
+    Akk = torch.empty(1, 128, 2, 64, dtype=torch.bfloat16, device="cuda")
+    dummy = torch.zeros(1, dtype=torch.int32, device="cuda")
+    print(f"raw TVM-FFI launch of one kernel: {per_call_us(lambda: fn(L, Akk, dummy, dummy)):.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
