@@ -15,7 +15,7 @@ from kdajit.keys import ForwardSpec
 
 
 class ForwardOutput(NamedTuple):
-    """Outputs of `forward`: all bf16; `qg` is None unless `output_qg=True`."""
+    """Outputs of `forward` (bf16) and of `kdajit.reference` (fp64/fp32); `qg` is None unless requested."""
 
     Aqk: torch.Tensor
     Akk: torch.Tensor

@@ -21,14 +21,15 @@ recurrence it must equal (`naive_recurrent_kda`). This module never imports cutl
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from kdajit.api import ForwardOutput
+
 __all__ = [
     "RCP_LN2",
-    "ForwardReference",
+    "ForwardOutput",
     "forward_reference",
     "chunk_local_cumsum",
     "make_inputs",
@@ -42,21 +43,6 @@ RCP_LN2 = 1.0 / math.log(2.0)
 # (chunk, head) slices per step of the pairwise-gate evaluation: bounds the [n, C, C, K]
 # temporary (4 x 64 x 64 x 128 fp64 = 16 MiB), which measured fastest on CPU.
 _PAIRWISE_SLICES = 4
-
-
-class ForwardReference(NamedTuple):
-    """Reference outputs, all in the requested dtype and laid out as the kernel outputs.
-
-    Aqk, Akk: [B, T, H, chunk_size] (column = position inside the chunk); w, kg, qg: [B, T, H, K];
-    u: [B, T, H, V]; qg is None unless requested.
-    """
-
-    Aqk: torch.Tensor
-    Akk: torch.Tensor
-    w: torch.Tensor
-    u: torch.Tensor
-    kg: torch.Tensor
-    qg: torch.Tensor | None
 
 
 def _sequence_bounds(cu_seqlens: torch.Tensor | None, batch: int, tokens: int) -> list[tuple[int, int]] | None:
@@ -94,12 +80,12 @@ def _from_chunks(x: torch.Tensor, batch: int, tokens: int, heads: int) -> torch.
 
 
 def _forward_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                   scale: float, chunk_size: int, output_qg: bool) -> ForwardReference:
+                   scale: float, chunk_size: int, output_qg: bool) -> ForwardOutput:
     """Equal-length batch [B, T, H, *], every input already in the working dtype."""
     batch, tokens, heads, _ = q.shape
     if tokens == 0:
         empty = q.new_zeros(batch, 0, heads, chunk_size)
-        return ForwardReference(empty, empty.clone(), torch.zeros_like(k), torch.zeros_like(v),
+        return ForwardOutput(empty, empty.clone(), torch.zeros_like(k), torch.zeros_like(v),
                                 torch.zeros_like(k), torch.zeros_like(q) if output_qg else None)
     C = chunk_size
     n_chunks = -(-tokens // C)
@@ -141,13 +127,13 @@ def _forward_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     def back(x: torch.Tensor | None) -> torch.Tensor | None:
         return None if x is None else _from_chunks(x, batch, tokens, heads)
 
-    return ForwardReference(back(aqk), back(akk), back(w), back(u), back(kg), back(qg))
+    return ForwardOutput(back(aqk), back(akk), back(w), back(u), back(kg), back(qg))
 
 
 def forward_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor,
                       scale: float | None = None, *, cu_seqlens: torch.Tensor | None = None,
                       chunk_size: int = 64, output_qg: bool = False,
-                      dtype: torch.dtype = torch.float64) -> ForwardReference:
+                      dtype: torch.dtype = torch.float64) -> ForwardOutput:
     """Evaluate the boundary's formulas exactly in `dtype` (see the module docstring).
 
     Args:
@@ -160,7 +146,7 @@ def forward_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: tor
         dtype: working and output dtype (torch.float64 or torch.float32).
 
     Returns:
-        ForwardReference(Aqk, Akk, w, u, kg, qg) in `dtype` with the kernel output shapes. Columns of
+        ForwardOutput(Aqk, Akk, w, u, kg, qg) in `dtype` with the kernel output shapes. Columns of
         Aqk/Akk beyond a partial chunk's valid rows are 0.
     """
     if dtype not in (torch.float64, torch.float32):
@@ -181,7 +167,7 @@ def forward_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: tor
     if bounds is None:
         return _forward_dense(q, k, v, g, beta, scale, chunk_size, output_qg)
 
-    out = ForwardReference(
+    out = ForwardOutput(
         Aqk=q.new_zeros(1, tokens, heads, chunk_size), Akk=q.new_zeros(1, tokens, heads, chunk_size),
         w=torch.zeros_like(k), u=torch.zeros_like(v), kg=torch.zeros_like(k),
         qg=torch.zeros_like(q) if output_qg else None)
@@ -269,18 +255,29 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / norm
 
 
-def _initial_state(initial_state: torch.Tensor | None, n_seqs: int, heads: int, head_k: int, head_v: int,
-                   dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    shape = (n_seqs, heads, head_k, head_v)
+def _sequence_walk(q: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor | None,
+                   initial_state: torch.Tensor | None, dtype: torch.dtype):
+    """Shared set-up of the two state walks: (bounds, groups, state, o, final).
+
+    groups: one (batch rows, bos, eos) per state; state: [N, H, K, V] from zero or `initial_state`.
+    """
+    batch, tokens, heads, head_k = q.shape
+    bounds = _sequence_bounds(cu_seqlens, batch, tokens)
+    groups = [(slice(0, batch), 0, tokens)] if bounds is None else \
+        [(slice(0, 1), bos, eos) for bos, eos in bounds]
+    shape = (batch if bounds is None else len(bounds), heads, head_k, v.shape[-1])
     if initial_state is None:
-        return torch.zeros(shape, dtype=dtype, device=device)
-    if tuple(initial_state.shape) != shape:
+        state = torch.zeros(shape, dtype=dtype, device=q.device)
+    elif tuple(initial_state.shape) != shape:
         raise ValueError(f"initial_state must be [N, H, K, V] = {list(shape)}, got {list(initial_state.shape)}")
-    return initial_state.to(dtype=dtype, device=device)
+    else:
+        state = initial_state.to(dtype=dtype, device=q.device)
+    o = torch.zeros(batch, tokens, heads, v.shape[-1], dtype=dtype, device=q.device)
+    return bounds, groups, state, o, torch.empty_like(state)
 
 
 def chunked_kda_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor,
-                        scale: float, pieces: ForwardReference, *, cu_seqlens: torch.Tensor | None = None,
+                        scale: float, pieces: ForwardOutput, *, cu_seqlens: torch.Tensor | None = None,
                         chunk_size: int = 64,
                         initial_state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunked KDA forward (output and final state) assembled from the intra-stage pieces.
@@ -297,19 +294,11 @@ def chunked_kda_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: t
         o: [B, T, H, V]; final_state: [N, H, K, V] with N = B (dense) or the number of sequences.
     """
     dtype = pieces.Aqk.dtype
-    batch, tokens, heads, head_k = q.shape
-    head_v = v.shape[-1]
     g = gk.to(dtype)
     qg = pieces.qg.to(dtype) if pieces.qg is not None else q.to(dtype) * torch.exp2(g)
     aqk, w, u, kg = (x.to(dtype) for x in (pieces.Aqk, pieces.w, pieces.u, pieces.kg))
 
-    bounds = _sequence_bounds(cu_seqlens, batch, tokens)
-    groups = [(slice(0, batch), 0, tokens)] if bounds is None else \
-        [(slice(0, 1), bos, eos) for bos, eos in bounds]
-    n_states = batch if bounds is None else len(bounds)
-    state = _initial_state(initial_state, n_states, heads, head_k, head_v, dtype, q.device)
-    o = torch.zeros(batch, tokens, heads, head_v, dtype=dtype, device=q.device)
-    final = torch.empty_like(state)
+    bounds, groups, state, o, final = _sequence_walk(q, v, cu_seqlens, initial_state, dtype)
 
     def heads_first(x: torch.Tensor) -> torch.Tensor:
         return x.transpose(1, 2)  # [b, n, H, D] -> [b, H, n, D]
@@ -346,17 +335,9 @@ def naive_recurrent_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_raw
     Returns:
         o: [B, T, H, V] and final_state: [N, H, K, V] in `dtype` (N = B dense, else the sequence count).
     """
-    batch, tokens, heads, head_k = q.shape
-    head_v = v.shape[-1]
     q, k, v, g_raw, beta = (x.to(dtype) for x in (q, k, v, g_raw, beta))
     decay = torch.exp(g_raw)
-    bounds = _sequence_bounds(cu_seqlens, batch, tokens)
-    groups = [(slice(0, batch), 0, tokens)] if bounds is None else \
-        [(slice(0, 1), bos, eos) for bos, eos in bounds]
-    n_states = batch if bounds is None else len(bounds)
-    state = _initial_state(initial_state, n_states, heads, head_k, head_v, dtype, q.device)
-    o = torch.zeros(batch, tokens, heads, head_v, dtype=dtype, device=q.device)
-    final = torch.empty_like(state)
+    bounds, groups, state, o, final = _sequence_walk(q, v, cu_seqlens, initial_state, dtype)
     for index, (rows_b, bos, eos) in enumerate(groups):
         s = state[index:index + 1] if bounds is not None else state.clone()
         for t in range(bos, eos):

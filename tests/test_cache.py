@@ -23,16 +23,6 @@ from kdajit import cache
 from kdajit.keys import AkkInverseKey, ForwardSpec, KernelConfig, key_from_json
 
 
-@pytest.fixture(scope="module")
-def golden(tmp_path_factory):
-    return ch.golden_cache(tmp_path_factory)
-
-
-@pytest.fixture
-def copy(golden, tmp_path):
-    return ch.copy_cache(golden[0], tmp_path / "cache")
-
-
 def _modes(root: Path) -> dict[str, int]:
     out = {}
     for dirpath, dirs, files in os.walk(root):

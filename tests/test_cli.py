@@ -21,16 +21,6 @@ import pytest
 from kdajit import cache, cli
 
 
-@pytest.fixture(scope="module")
-def golden(tmp_path_factory):
-    return ch.golden_cache(tmp_path_factory)
-
-
-@pytest.fixture
-def copy(golden, tmp_path):
-    return ch.copy_cache(golden[0], tmp_path / "cache")
-
-
 def kd(capsys, *argv: str) -> tuple[int, str, str]:
     rc = cli.main([str(a) for a in argv])
     out, err = capsys.readouterr()

@@ -21,7 +21,7 @@ import torch
 
 from kdajit.reference import (
     RCP_LN2,
-    ForwardReference,
+    ForwardOutput,
     chunk_local_cumsum,
     chunked_kda_forward,
     forward_reference,
@@ -263,7 +263,7 @@ def test_fp32_reference_close_to_fp64(rng, beta_dtype):
     args = [inputs[n] for n in ("q", "k", "v", "gk", "beta")]
     ref64 = forward_reference(*args, output_qg=True, dtype=torch.float64)
     ref32 = forward_reference(*args, output_qg=True, dtype=torch.float32)
-    for name in ForwardReference._fields:
+    for name in ForwardOutput._fields:
         assert getattr(ref32, name).dtype == torch.float32
         assert_close(getattr(ref32, name), getattr(ref64, name), FP32_TOL, name, rng)
 
@@ -277,7 +277,7 @@ def test_varlen_equals_per_sequence_dense_runs(rng, cu_dtype, dtype):
     packed = forward_reference(*args, cu_seqlens=inputs["cu_seqlens"], output_qg=True, dtype=dtype)
     for bos, eos in sequence_bounds(inputs):
         alone = forward_reference(*(x[:, bos:eos] for x in args), output_qg=True, dtype=dtype)
-        for name in ForwardReference._fields:
+        for name in ForwardOutput._fields:
             assert torch.equal(getattr(packed, name)[:, bos:eos], getattr(alone, name)), \
                 f"{name} of the sequence [{bos}, {eos}) differs from its dense run ({tag(rng)})"
 
@@ -290,7 +290,7 @@ def test_equal_length_batch_equals_packed(rng):
     cu = packed_cu_seqlens([150, 150, 150])
     a = forward_reference(*args, output_qg=True)
     b = forward_reference(*packed_args, cu_seqlens=cu, output_qg=True)
-    for name in ForwardReference._fields:
+    for name in ForwardOutput._fields:
         assert torch.equal(getattr(a, name).reshape(getattr(b, name).shape), getattr(b, name)), name
 
 
