@@ -185,3 +185,15 @@ def test_empty_sequences_and_tiny_batch(seed):
     ref = reference.forward_reference(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=True)
     for name in OUTPUTS:
         assert reference.relative_error(getattr(out, name), getattr(ref, name)) < 1e-2, name
+
+
+def test_runtime_shapes_never_recompile(seed):
+    from kdajit import cache
+
+    run(reference.make_inputs(1, 64, 1, device="cuda"))
+    before = cache.stats()
+    for B, T, H in ((3, 100, 2), (1, 4097, 7), (2, 1, 16)):
+        run(reference.make_inputs(B, T, H, device="cuda"))
+    after = cache.stats()
+    assert after["kernels_in_memory"] == before["kernels_in_memory"]
+    assert (after["compiles"], after["disk_hits"]) == (before["compiles"], before["disk_hits"])
