@@ -103,12 +103,6 @@ def stats() -> dict:
     return out
 
 
-def clear_memory() -> None:
-    """Forget the in-memory kernels (the next lookup goes to the disk); counters are kept."""
-    with _SLOW_PATH:
-        _MEMORY.clear()
-
-
 def _warn_once(topic: str, message: str, disk_error: bool = True) -> None:
     _STATS["disk_errors"] += disk_error
     if topic in _WARNED:

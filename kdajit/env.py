@@ -10,7 +10,6 @@
 | KDAJIT_LOCK_DIR | where per-entry lock files live | /dev/shm/kdajit-<uid>, else <cache>/locks |
 | KDAJIT_LOCK_TIMEOUT | seconds to wait for another process's compile before compiling in memory | 600 |
 | KDAJIT_VALIDATE | `full` (also checks cu_seqlens values: one small device-to-host copy) or `shapes` | full |
-| KDAJIT_LOG | log level name for the `kdajit` logger (debug, info, warning) | warning |
 | KDAJIT_COMPILE_WORKERS | default number of `kdajit precompile` worker processes (`-j`) | min(2, CPUs) |
 
 CuTe DSL variables that change generated code (`codegen_env`) are part of the cache's toolchain
@@ -71,10 +70,6 @@ def validate_mode() -> str:
     if mode not in ("full", "shapes"):
         raise ValueError(f"KDAJIT_VALIDATE={mode!r} is not valid; expected 'full' or 'shapes'")
     return mode
-
-
-def log_level() -> str:
-    return _get("LOG", "warning").upper()
 
 
 def compile_workers() -> int | None:

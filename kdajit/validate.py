@@ -32,7 +32,6 @@ class Problem:
     chunk: int
     beta_dtype: str
     varlen: str
-    n_seqs: int
 
 
 def _tensor(name: str, t: object) -> torch.Tensor:
@@ -82,7 +81,7 @@ def check_safe_gate(safe_gate: object) -> None:
             f"arbitrary gates is not implemented yet.")
 
 
-def _check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, tokens: int) -> tuple[str, int]:
+def _check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, tokens: int) -> str:
     _dtype("cu_seqlens", cu_seqlens, tuple(_CU_DTYPES))
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"cu_seqlens must be a 1-D tensor [N+1] with N >= 1 sequences, got shape "
@@ -100,7 +99,7 @@ def _check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, tokens: int) -> tupl
             i = steps.index(min(steps))
             raise ValueError(f"cu_seqlens must be non-decreasing, got cu_seqlens[{i}]={values[i]} > "
                              f"cu_seqlens[{i + 1}]={values[i + 1]}")
-    return _CU_DTYPES[cu_seqlens.dtype], cu_seqlens.numel() - 1
+    return _CU_DTYPES[cu_seqlens.dtype]
 
 
 def _capturing() -> bool:
@@ -159,12 +158,12 @@ def check_forward_inputs(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tenso
     _layout("beta", beta, beta.element_size())
     if tokens > _MAX_INDEX:
         raise ValueError(f"T={tokens} must be < 2**31")
-    varlen, n_seqs = "dense", batch
+    varlen = "dense"
     if cu_seqlens is not None:
-        varlen, n_seqs = _check_cu_seqlens(_tensor("cu_seqlens", cu_seqlens), batch, tokens)
+        varlen = _check_cu_seqlens(_tensor("cu_seqlens", cu_seqlens), batch, tokens)
     check_devices(**{ref_name: ref, "k": k, "v": v, "gk": gk, "beta": beta, "cu_seqlens": cu_seqlens},
                   **more_tensors)
-    return Problem(batch, tokens, heads, head_k, head_v, chunk_size, _BETA_DTYPES[beta.dtype], varlen, n_seqs)
+    return Problem(batch, tokens, heads, head_k, head_v, chunk_size, _BETA_DTYPES[beta.dtype], varlen)
 
 
 def check_recompute_inputs(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, Akk: torch.Tensor,
