@@ -13,7 +13,10 @@ b <= a is a TF32 tensor-core product of gated operands with a per-pair reference
     A side (rows of block a):    x_i * 2^(g_i - r)     x = q for Aqk, k for L
     B side (columns of block b): k_j * 2^(r - g_j)
     r = g[16a]                        for a > b (both factors <= 1 for a non-increasing gate)
-    r = g[16a + min(8, v - 16a - 1)]  for a == b (the safe-gate middle row, clamped to a valid row)
+    r = g[16a] - DIAG_SHIFT           for a == b (the block's first row, shifted by a constant)
+
+Every reference is a row <= every output row it serves and never depends on the chunk's length, so
+no row's bits depend on later tokens (causal bit-invariance; docs/numerics.md has the bounds).
 
 Arithmetic order (fixes the bits; see docs/numerics.md):
   - exponent difference in fp32 (g_i - r, r - g_j), 2^x with ex2.approx.ftz.f32, times the exact
@@ -59,6 +62,10 @@ from kdajit.templates.common import DTYPES, SymbolicShapes, chunk_coords, grid_s
 SUB = 16        # rows of one sub-block (the MMA M)
 MMA_K = 8       # head-dim step of one mma.sync m16n8k8
 PAD_BYTES = 16  # extra bytes per shared row: shifts consecutive rows by 4 banks
+# Diagonal-block reference shift (log2 units). Under the safe gate (per-token log-gate >= -5, i.e.
+# >= -5/ln 2 = -7.21 in log2) a 16-row block spans at most 15 * 7.21 = 108.2, so with r = g[16a] - 54
+# the A factor 2^(g_i - r) lies in [2^-54.2, 2^54] and the B factor 2^(r - g_j) in [2^-54, 2^54.2].
+DIAG_SHIFT = 54.0
 
 # (row block a, diagonal?, column blocks b) per warp; see the module docstring.
 WARP_GROUPS = (
@@ -205,11 +212,8 @@ class KdaIntra:
         thr_mma = tiled_mma.get_slice(lane)
         sub = (SUB, self.head_k)
 
-        ref_row = SUB * a
-        if cutlass.const_expr(diagonal):
-            ref_row = SUB * a + min(SUB // 2, valid_rows - SUB * a - 1)
-        # g[ref_row, d] for every (row, d) of a 16-row block: a stride-0 view of one shared row.
-        sRef = cute.make_tensor(cute.domain_offset((ref_row, 0), sG).iterator,
+        # g[16a, d] for every (row, d) of a 16-row block: a stride-0 view of the block's first row.
+        sRef = cute.make_tensor(cute.domain_offset((SUB * a, 0), sG).iterator,
                                 cute.make_layout(sub, stride=(0, 1)))
         cSub = cute.make_identity_tensor(sub)
 
@@ -247,14 +251,18 @@ class KdaIntra:
         #  MAINLOOP: one accumulator chain per 16x8 tile over d, ascending
         # ///////////////////////////////////////////////////////////////////////////////
         for kk in cutlass.range(self.head_k // MMA_K, unroll=2):
-            gateA = cute.math.exp2(tAsG[None, None, kk].load() - tAsRef[None, None, kk].load(), fastmath=True)
+            refA = tAsRef[None, None, kk].load()
+            refB = tBsRef[None, None, kk].load()
+            if cutlass.const_expr(diagonal):
+                refA = refA - cutlass.Float32(DIAG_SHIFT)
+                refB = refB - cutlass.Float32(DIAG_SHIFT)
+            gateA = cute.math.exp2(tAsG[None, None, kk].load() - refA, fastmath=True)
             rQA.store(cute.where(rowValid.load(), tAsQ[None, None, kk].load().to(cutlass.Float32) * gateA,
                                  cutlass.Float32(0.0)))
             rKA.store(cute.where(rowValid.load(), tAsK[None, None, kk].load().to(cutlass.Float32) * gateA,
                                  cutlass.Float32(0.0)))
             for n in cutlass.range_constexpr(len(col_blocks)):
-                gateB = cute.math.exp2(tBsRef[None, None, kk].load() - tBsG[n][None, None, kk].load(),
-                                       fastmath=True)
+                gateB = cute.math.exp2(refB - tBsG[n][None, None, kk].load(), fastmath=True)
                 rKB.store(cute.where(colValid[n].load(),
                                      tBsK[n][None, None, kk].load().to(cutlass.Float32) * gateB,
                                      cutlass.Float32(0.0)))
