@@ -1,0 +1,97 @@
+"""GPU tests of causal bit-invariance: no output row's bits depend on later tokens (docs/numerics.md).
+
+Every row of Aqk, Akk, W, U and QG depends only on the inputs of rows <= it inside its chunk, so
+appending tokens to a sequence, or changing any input of later tokens, leaves the earlier rows
+bit-identical. KG[i] depends on the chunk's last valid row by definition: it is compared only for
+chunks that end before the first changed row. The offsets put the end of the shared prefix at
+either side of every 8- and 16-row boundary inside a chunk (1, 7, 8, 9, 15, 16, 17, 63).
+"""
+import pytest
+import torch
+
+from kdajit import reference
+from test_gpu_forward import BETA, INPUTS, run, seed  # noqa: F401  (seed is a fixture)
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+OFFSETS = (1, 7, 8, 9, 15, 16, 17, 63)
+CAUSAL_OUTPUTS = ("Aqk", "Akk", "w", "u", "qg")
+
+
+def assert_rows_equal(a, b, rows_a: slice, rows_b: slice, kg_rows: int, what: str) -> None:
+    """Bitwise equality of rows `rows_a` of `a` and `rows_b` of `b` for every causal output, and of
+    the first `kg_rows` rows of those ranges for KG."""
+    for name in CAUSAL_OUTPUTS + ("kg",):
+        x, y = getattr(a, name)[:, rows_a], getattr(b, name)[:, rows_b]
+        if name == "kg":
+            x, y = x[:, :kg_rows], y[:, :kg_rows]
+        if not torch.equal(x.view(torch.int16), y.view(torch.int16)):
+            bad = (x.view(torch.int16) != y.view(torch.int16)).nonzero()
+            raise AssertionError(f"{what}: {name} differs in {len(bad)} elements, first at "
+                                 f"[batch, row, head, col] {bad[0].tolist()}")
+
+
+def complete_chunk_rows(rows: int) -> int:
+    return rows // 64 * 64
+
+
+@pytest.mark.parametrize("offset", OFFSETS)
+@pytest.mark.parametrize("beta", ["bf16", "fp32"])
+def test_appending_tokens_keeps_earlier_rows(seed, offset, beta):
+    prefix = 64 + offset  # one whole chunk, then a partial one ending `offset` rows in
+    x = reference.make_inputs(2, prefix + 58, 4, beta_dtype=BETA[beta], device="cuda")
+    longer = run(x)
+    shorter = run({n: x[n][:, :prefix].contiguous() for n in INPUTS})
+    assert_rows_equal(longer, shorter, slice(0, prefix), slice(0, prefix), complete_chunk_rows(prefix),
+                      f"dense prefix of {prefix} tokens vs the same tokens followed by 58 more")
+
+
+@pytest.mark.parametrize("offset", OFFSETS)
+def test_appending_tokens_inside_a_varlen_pack(seed, offset):
+    before, after, extra = 37, 50, 23
+    prefix = offset + 64 * (offset % 2)  # a partial first chunk, or a whole chunk and a partial one
+    total = before + prefix + extra + after
+    cu_long = torch.tensor([0, before, before + prefix + extra, total], dtype=torch.int32)
+    x = reference.make_inputs(1, total, 4, beta_dtype=torch.float32, cu_seqlens=cu_long, device="cuda")
+    cu_long = x["cu_seqlens"]
+    # The shorter pack: the same tokens with the `extra` rows of the middle sequence left out.
+    keep = torch.cat([torch.arange(0, before + prefix), torch.arange(before + prefix + extra, total)]).cuda()
+    short_inputs = {n: x[n].index_select(1, keep).contiguous() for n in INPUTS}
+    # Chunk-local gates restart at every sequence start, so the kept rows' gk is still valid.
+    cu_short = torch.tensor([0, before, before + prefix, total - extra], dtype=torch.int32, device="cuda")
+    longer = run(x, cu_long)
+    shorter = run(short_inputs, cu_short)
+    middle = slice(before, before + prefix)
+    assert_rows_equal(longer, shorter, slice(0, before), slice(0, before), before, "sequence before")
+    assert_rows_equal(longer, shorter, middle, middle, complete_chunk_rows(prefix),
+                      f"varlen prefix of {prefix} tokens vs the same followed by {extra} more")
+    assert_rows_equal(longer, shorter, slice(total - after, total), slice(total - extra - after, total - extra),
+                      after, "sequence after")
+
+
+def changed_later_tokens(x: dict, name: str, first: int, generator: torch.Generator) -> dict:
+    """A copy of the inputs in which input `name` of every token >= `first` is drawn afresh."""
+    fresh = reference.make_inputs(*x["q"].shape[:3], beta_dtype=x["beta"].dtype, device="cuda",
+                                  generator=generator)
+    y = {n: x[n].clone() for n in INPUTS}
+    if name == "gk":  # new per-token gates for the later tokens; earlier rows' cumulative gate is unchanged
+        g_raw = x["g_raw"].cpu()
+        g_raw[:, first:] = fresh["g_raw"][:, first:].cpu()
+        # On the CPU, as make_inputs sums it: the prefix's running sums are the same operations.
+        y["gk"] = reference.chunk_local_cumsum(g_raw, 64, scale=reference.RCP_LN2).cuda()
+        assert torch.equal(y["gk"][:, :first], x["gk"][:, :first])
+    else:
+        y[name][:, first:] = fresh[name][:, first:]
+    return y
+
+
+@pytest.mark.parametrize("name", INPUTS)
+@pytest.mark.parametrize("offset", OFFSETS)
+def test_later_inputs_do_not_change_earlier_rows(seed, name, offset):
+    generator = torch.Generator().manual_seed(seed + 1)
+    x = reference.make_inputs(1, 128, 4, beta_dtype=torch.float32, device="cuda")
+    y = changed_later_tokens(x, name, offset, generator)
+    assert not torch.equal(x[name], y[name])
+    assert_rows_equal(run(x), run(y), slice(0, offset), slice(0, offset), 0,
+                      f"{name} of tokens >= {offset} changed")
