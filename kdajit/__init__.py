@@ -7,4 +7,20 @@ CuTe DSL; the first call of a specialization does.
 from kdajit.api import ForwardOutput, chunk_kda_fwd_intra, forward, intra, recompute_w_u
 
 __version__ = "0.1.0"
+
+
+def _enable_fla_backend_from_env() -> None:
+    from kdajit import env
+
+    if env.fla_backend():
+        import warnings
+
+        from kdajit.integrations import fla
+        try:
+            fla.enable()
+        except ImportError as error:
+            warnings.warn(f"KDAJIT_FLA_BACKEND=1 but the FLA backend cannot be enabled: {error}", stacklevel=2)
+
+
+_enable_fla_backend_from_env()
 __all__ = ["ForwardOutput", "chunk_kda_fwd_intra", "forward", "intra", "recompute_w_u", "__version__"]

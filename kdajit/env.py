@@ -11,6 +11,7 @@
 | KDAJIT_LOCK_TIMEOUT | seconds to wait for another process's compile before compiling in memory | 600 |
 | KDAJIT_VALIDATE | `full` (also checks cu_seqlens values: one small device-to-host copy) or `shapes` | full |
 | KDAJIT_COMPILE_WORKERS | default number of `kdajit precompile` worker processes (`-j`) | min(2, CPUs) |
+| KDAJIT_FLA_BACKEND | 1: `import kdajit` registers and enables kdajit as FLA's "kda" backend | 0 |
 
 CuTe DSL variables that change generated code (`codegen_env`) are part of the cache's toolchain
 fingerprint, so a kernel built with, say, CUTE_DSL_LINEINFO=1 is never served to a process without it.
@@ -83,6 +84,10 @@ def compile_workers() -> int | None:
     if n < 1:
         raise ValueError(f"KDAJIT_COMPILE_WORKERS={raw!r} must be at least 1")
     return n
+
+
+def fla_backend() -> bool:
+    return _flag("FLA_BACKEND")
 
 
 # CuTe DSL settings marked `affects_compile` in cutlass/base_dsl/env_manager.py that change the object

@@ -1,0 +1,101 @@
+"""FLA's whole `chunk_kda` with and without the kdajit backend: time, and whether its output is prefix-stable.
+
+    python benchmarks/bench_fla_backend.py [--json out.json]
+
+For each shape: median time (triton.testing.do_bench) of the forward alone (no grad) and of forward +
+backward, FLA's own kernels vs the kdajit backend, in the same process. Then the prefix check: rows of
+`o` for a prompt of T0 tokens vs the same prompt followed by more tokens, bit for bit, with the backend
+off and on (FLA's later stages decide whether the whole output is prefix-stable).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = ((2, 8192, 64), (1, 2048, 8))
+
+
+def inputs(B: int, T: int, H: int, seed: int = 0, grad: bool = False):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = F.normalize(torch.randn(B, T, H, 128, device="cuda", generator=g), dim=-1).bfloat16()
+    k = F.normalize(torch.randn(B, T, H, 128, device="cuda", generator=g), dim=-1).bfloat16()
+    v = torch.randn(B, T, H, 128, device="cuda", generator=g).bfloat16()
+    gate = -5.0 * torch.sigmoid(torch.randn(B, T, H, 128, device="cuda", generator=g))
+    beta = torch.rand(B, T, H, device="cuda", generator=g).bfloat16()
+    return [x.requires_grad_(grad) for x in (q, k, v, gate, beta)]
+
+
+def time_shape(B: int, T: int, H: int) -> dict:
+    import triton.testing
+    from fla.ops.kda import chunk_kda
+
+    from kdajit.integrations import fla as kdajit_fla
+
+    x = inputs(B, T, H, grad=True)
+    do = torch.randn_like(x[2])
+
+    def fwd():
+        with torch.no_grad():
+            chunk_kda(*x, safe_gate=True)
+
+    def fwd_bwd():
+        o, _ = chunk_kda(*x, safe_gate=True)
+        o.backward(do)
+
+    row = {"B": B, "T": T, "H": H}
+    for label, switch in (("fla", kdajit_fla.disable), ("kdajit", kdajit_fla.enable)):
+        switch()
+        row[f"{label}_fwd_ms"] = triton.testing.do_bench(fwd, warmup=25, rep=200, return_mode="median")
+        row[f"{label}_fwd_bwd_ms"] = triton.testing.do_bench(fwd_bwd, warmup=10, rep=200, return_mode="median")
+    kdajit_fla.disable()
+    return row
+
+
+def prefix_stable(prompt: int, extra: int) -> dict:
+    from fla.ops.kda import chunk_kda
+
+    from kdajit.integrations import fla as kdajit_fla
+
+    long = inputs(1, prompt + extra, 4)
+    short = [t[:, :prompt].contiguous() for t in long]
+    result = {"prompt": prompt, "extra": extra}
+    for label, switch in (("fla", kdajit_fla.disable), ("kdajit", kdajit_fla.enable)):
+        switch()
+        with torch.no_grad():
+            o_long, _ = chunk_kda(*long, safe_gate=True)
+            o_short, _ = chunk_kda(*short, safe_gate=True)
+        result[f"{label}_prefix_bitwise"] = bool(torch.equal(o_long[:, :prompt], o_short))
+    kdajit_fla.disable()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_fla_backend needs a CUDA GPU")
+        return 1
+    rows = [time_shape(*shape) for shape in SHAPES]
+    print("| shape | FLA fwd ms | kdajit-backend fwd ms | ratio | FLA fwd+bwd ms | kdajit-backend fwd+bwd ms | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['B']} x {r['T']} x {r['H']} | {r['fla_fwd_ms']:.3f} | {r['kdajit_fwd_ms']:.3f} | "
+              f"{r['fla_fwd_ms'] / r['kdajit_fwd_ms']:.2f}x | {r['fla_fwd_bwd_ms']:.3f} | {r['kdajit_fwd_bwd_ms']:.3f} | "
+              f"{r['fla_fwd_bwd_ms'] / r['kdajit_fwd_bwd_ms']:.2f}x |")
+    prefixes = [prefix_stable(p, e) for p, e in ((70, 58), (1000, 37), (4096, 100))]
+    for p in prefixes:
+        print(f"prefix {p['prompt']} + {p['extra']}: o rows bit-identical: FLA {p['fla_prefix_bitwise']}, "
+              f"with kdajit backend {p['kdajit_prefix_bitwise']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"timings": rows, "prefix": prefixes}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Integrations of kdajit with other libraries (each imports its library only when used)."""

@@ -1,0 +1,118 @@
+"""CPU tests of the FLA backend: verifier decisions, the switch, and kdajit without FLA installed.
+
+Device checks come last in kdajit's validation, so the accepting cases stand the check in for CPU tensors.
+Registration into a real FLA runs where FLA is importable (the GPU machine's bundle has FLA 0.6.0).
+"""
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from kdajit import reference, validate
+from kdajit.integrations import fla as kdajit_fla
+
+VERSION = kdajit_fla.SUPPORTED_FLA_VERSIONS[0]
+HAS_FLA = importlib.util.find_spec("fla") is not None
+
+
+@pytest.fixture
+def inputs():
+    return reference.make_inputs(1, 130, 2, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture
+def any_device(monkeypatch):
+    monkeypatch.setattr(validate, "check_devices", lambda **tensors: torch.device("cpu"))
+
+
+def intra_reason(x, **overrides):
+    kwargs = dict(scale=0.1, safe_gate=True, fla_version=VERSION)
+    kwargs.update(overrides)
+    return kdajit_fla.intra_decline_reason(x["q"], x["k"], x["v"], x["gk"], x["beta"], **kwargs)
+
+
+def test_accepts_what_kdajit_covers(inputs, any_device):
+    assert intra_reason(inputs) is None
+    assert intra_reason(inputs, lower_bound=-5.0, chunk_indices=torch.zeros(3), use_graph=True,
+                        disable_recompute=True) is None
+    akk = torch.zeros(1, 130, 2, 64, dtype=torch.bfloat16)
+    assert kdajit_fla.recompute_decline_reason(inputs["k"], inputs["v"], inputs["beta"], akk, inputs["gk"],
+                                               q=inputs["q"], fla_version=VERSION) is None
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ({"safe_gate": False}, "safe_gate=False"),
+    ({"lower_bound": -6.0}, "lower_bound=-6.0"),
+    ({"fla_version": "0.7.0"}, "0.7.0"),
+    ({"new_flag": True}, "new_flag"),
+    ({"chunk_size": 32}, "chunk_size"),
+    ({"scale": float("inf")}, "scale"),
+])
+def test_declines_with_a_reason(inputs, any_device, overrides, words):
+    reason = intra_reason(inputs, **overrides)
+    assert reason is not None and words in reason, reason
+
+
+def test_declines_other_inputs(inputs, any_device):
+    x = dict(inputs)
+    assert "float16" in intra_reason({**x, "q": x["q"].half()})
+    assert "K" in intra_reason({**x, **{n: x[n][..., :64].contiguous() for n in ("q", "k", "gk")}})
+    grouped = {**x, "v": x["v"].repeat(1, 1, 2, 1), "gk": x["gk"].repeat(1, 1, 2, 1), "beta": x["beta"].repeat(1, 1, 2)}
+    assert "grouped value heads" in intra_reason(grouped)
+    batch2 = {n: torch.cat([x[n], x[n]]) for n in ("q", "k", "v", "gk", "beta")}
+    assert "batch size must be 1" in intra_reason(batch2, cu_seqlens=torch.tensor([0, 130], dtype=torch.int32))
+
+
+def test_declines_cpu_tensors_without_the_stand_in(inputs):
+    assert "CUDA" in intra_reason(inputs)
+
+
+def test_switch_and_context_manager(monkeypatch):
+    monkeypatch.setattr(kdajit_fla, "_state", {"enabled": False, "registered": True})
+    assert not kdajit_fla.is_enabled()
+    if not HAS_FLA:
+        monkeypatch.setitem(sys.modules, "fla.backends", type(sys)("fla.backends"))
+        sys.modules["fla.backends"].register = None
+    with kdajit_fla.enabled():
+        assert kdajit_fla.is_enabled()
+    assert not kdajit_fla.is_enabled()
+    kdajit_fla.enable()
+    assert kdajit_fla.is_enabled()
+    kdajit_fla.disable()
+    assert not kdajit_fla.is_enabled()
+
+
+def test_enable_without_fla_names_the_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "fla", None)
+    monkeypatch.setitem(sys.modules, "fla.backends", None)
+    with pytest.raises(ImportError, match="flash-linear-attention"):
+        kdajit_fla.enable()
+
+
+@pytest.mark.skipif(not HAS_FLA, reason="FLA is not installed")
+def test_registers_into_fla_and_matches_its_signatures(monkeypatch):
+    from fla.backends import _get_operation_registry
+
+    monkeypatch.setattr(kdajit_fla, "_state", {"enabled": False, "registered": False})
+    kdajit_fla._check_signatures()
+    kdajit_fla.enable()
+    backend = _get_operation_registry("kda")._backends[kdajit_fla.BACKEND_NAME]
+    assert backend.is_enabled()
+    kdajit_fla.disable()
+    assert not backend.is_enabled()
+
+
+def test_environment_switch_at_import():
+    import os
+    import subprocess
+
+    code = ("import warnings; warnings.simplefilter('always')\n"
+            "import kdajit\nfrom kdajit.integrations import fla\nprint('enabled', fla.is_enabled())")
+    env = dict(os.environ, KDAJIT_FLA_BACKEND="1")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    if HAS_FLA:
+        assert "enabled True" in done.stdout
+    else:
+        assert "enabled False" in done.stdout and "KDAJIT_FLA_BACKEND=1" in done.stderr

@@ -1,0 +1,107 @@
+"""GPU: FLA's whole `chunk_kda` (forward and backward) with kdajit as its backend, against FLA's naive recurrence.
+
+Shapes and tolerances are those of FLA's own KDA tests (tests/ops/test_kda.py: `test_chunk`,
+`test_chunk_varlen`) with bf16 inputs and safe gates (per-token log-gate >= -5). The test also checks that
+the kdajit backend really ran (the forward intra stage once, the backward's W/U recompute once) and that
+switching it off gives FLA's own result within the same tolerances.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kdajit.api
+from kdajit.integrations import fla as kdajit_fla
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+fla_kda = pytest.importorskip("fla.ops.kda", reason="flash-linear-attention is not installed")
+from fla.ops.kda.naive import naive_recurrent_kda  # noqa: E402
+from fla.utils import assert_close  # noqa: E402
+
+# FLA's tolerances (relative error ratio) for test_chunk / test_chunk_varlen.
+TOLERANCES = {"o": 0.005, "ht": 0.005, "dq": 0.008, "dk": 0.008, "dv": 0.008, "dg": 0.02, "db": 0.02, "dh0": 0.008}
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts of kdajit entry points the backend calls."""
+    counts = {"chunk_kda_fwd_intra": 0, "recompute_w_u": 0}
+    for name in counts:
+        real = getattr(kdajit.api, name)
+
+        def wrapper(*args, _real=real, _name=name, **kwargs):
+            counts[_name] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(kdajit.api, name, wrapper)
+    return counts
+
+
+def kda_inputs(B, T, H, D, N, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = F.normalize(torch.rand(B, T, H, D, device="cuda", generator=g), dim=-1).bfloat16()
+    k = F.normalize(torch.rand(B, T, H, D, device="cuda", generator=g), dim=-1).bfloat16()
+    v = torch.rand(B, T, H, D, device="cuda", generator=g).bfloat16()
+    gate = F.logsigmoid(torch.randn(B, T, H, D, device="cuda", generator=g)).clamp_min(-5.0)
+    beta = torch.rand(B, T, H, device="cuda", generator=g).sigmoid().bfloat16()
+    h0 = torch.randn(N, H, D, D, device="cuda", generator=g)
+    return [x.requires_grad_() for x in (q, k, v, gate, beta, h0)]
+
+
+def grads_of(fn, tensors, do, dht):
+    o, ht = fn()
+    ((o * do).sum() + (ht * dht).sum()).backward()
+    grads = [t.grad for t in tensors]
+    for t in tensors:
+        t.grad = None
+    return o.detach(), ht.detach(), grads
+
+
+def reference(q, k, v, gate, beta, h0, scale, cu):
+    if cu is None:
+        return naive_recurrent_kda(q, k, v, gate, beta, scale, initial_state=h0, output_final_state=True)
+    outs, states = [], []
+    for i, (a, b) in enumerate(zip(cu.tolist(), cu.tolist()[1:])):
+        o, ht = naive_recurrent_kda(q[:, a:b], k[:, a:b], v[:, a:b], gate[:, a:b], beta[:, a:b], scale,
+                                    initial_state=h0[i:i + 1], output_final_state=True)
+        outs.append(o)
+        states.append(ht)
+    return torch.cat(outs, 1), torch.cat(states, 0)
+
+
+@pytest.mark.parametrize("B, T, H, cu", [(4, 1024, 4, None), (2, 1000, 3, None), (1, 1000, 4, [0, 256, 500, 1000])],
+                         ids=["B4-T1024-H4", "B2-T1000-H3", "varlen-256-500-1000"])
+def test_chunk_kda_with_kdajit_backend_matches_naive(counted, B, T, H, cu):
+    cu = torch.tensor(cu, dtype=torch.long, device="cuda") if cu is not None else None
+    N = B if cu is None else len(cu) - 1
+    tensors = kda_inputs(B, T, H, 128, N, seed=42)
+    q, k, v, gate, beta, h0 = tensors
+    scale = 128 ** -0.5
+    do = torch.randn_like(v, dtype=torch.float32).bfloat16()
+    dht = torch.randn_like(h0)
+
+    def run_fla():
+        return fla_kda.chunk_kda(q, k, v, gate, beta, scale=scale, initial_state=h0, output_final_state=True,
+                                 safe_gate=True, cu_seqlens=cu)
+
+    ref_o, ref_ht, ref_grads = grads_of(lambda: reference(*(t.float() for t in tensors[:5]), h0, scale, cu),
+                                        tensors, do.float(), dht)
+    with kdajit_fla.enabled():
+        ours_o, ours_ht, ours_grads = grads_of(run_fla, tensors, do, dht)
+    assert counted == {"chunk_kda_fwd_intra": 1, "recompute_w_u": 1}, counted
+    fla_o, fla_ht, fla_grads = grads_of(run_fla, tensors, do, dht)
+    assert counted == {"chunk_kda_fwd_intra": 1, "recompute_w_u": 1}, "backend still active after the block"
+
+    for label, (o, ht, grads) in (("kdajit", (ours_o, ours_ht, ours_grads)), ("fla", (fla_o, fla_ht, fla_grads))):
+        assert_close(f"{label} o", ref_o, o, TOLERANCES["o"])
+        assert_close(f"{label} ht", ref_ht, ht, TOLERANCES["ht"])
+        for name, r, t in zip(("dq", "dk", "dv", "dg", "db", "dh0"), ref_grads, grads):
+            assert_close(f"{label} {name}", r, t, TOLERANCES[name])
+
+
+def test_backend_declines_what_kdajit_does_not_cover(counted):
+    q, k, v, gate, beta, h0 = kda_inputs(1, 128, 2, 64, 1, seed=0)  # K = 64: not covered yet
+    with kdajit_fla.enabled(), torch.no_grad():
+        fla_kda.chunk_kda(q, k, v, gate, beta, initial_state=h0, output_final_state=True, safe_gate=True)
+        q, k, v, gate, beta, h0 = kda_inputs(1, 128, 2, 128, 1, seed=0)
+        fla_kda.chunk_kda(q, k, v, gate, beta, initial_state=h0, output_final_state=True, safe_gate=False)
+    assert counted == {"chunk_kda_fwd_intra": 0, "recompute_w_u": 0}
