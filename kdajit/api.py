@@ -10,7 +10,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from kdajit import cache, compiler, validate
+from kdajit import cache, compiler, ops, validate
 from kdajit.keys import ForwardSpec
 
 
@@ -98,6 +98,17 @@ def _run_recompute(k, v, beta, Akk, gk, q, cu, offsets, kernels, w, u, kg, qg) -
         kernels.recompute(k, v, beta, Akk, gk, q_arg, w, u, kg, qg_arg, cu, offsets)
 
 
+def _refuse_autograd(entry: str, **tensors: torch.Tensor | None) -> None:
+    """kdajit has no autograd of its own: refuse a call that autograd would record."""
+    if not torch.is_grad_enabled():
+        return
+    needing = [n for n, t in tensors.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+    if needing:
+        raise RuntimeError(f"kdajit.{entry} has no autograd, but {', '.join(needing)} require(s) grad with grad mode "
+                           f"on. Call it under torch.no_grad() or torch.inference_mode(), or train through FLA's "
+                           f"chunk_kda with kdajit as its backend (kdajit.integrations.fla.enable()).")
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor,
             scale: float | None = None, *, cu_seqlens: torch.Tensor | None = None, chunk_size: int = 64,
             output_qg: bool = False, safe_gate: bool = True, out: ForwardOutput | None = None) -> ForwardOutput:
@@ -107,8 +118,18 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
     [B, T, H, K]; beta: bf16 or fp32 [B, T, H]; scale defaults to K ** -0.5; cu_seqlens: int32 or
     int64 [N+1] with B == 1 for packed sequences. Bitwise equal to `recompute_w_u(k, v, beta,
     intra(...)[1], gk, q=...)`. `out`: preallocated outputs to write into (e.g. static buffers for
-    CUDA graphs); `out.qg` is needed only with `output_qg`.
+    CUDA graphs); `out.qg` is needed only with `output_qg`. Under torch.compile it traces as the custom
+    ops `kdajit::forward` / `kdajit::forward_out` (kdajit.ops).
     """
+    _refuse_autograd("forward", q=q, k=k, v=v, gk=gk, beta=beta)
+    if torch.compiler.is_compiling():
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        if out is None:
+            Aqk, Akk, w, u, kg, qg = ops.forward(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, output_qg)
+            return ForwardOutput(Aqk, Akk, w, u, kg, qg if output_qg else None)
+        ops.forward_out(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, out.Aqk, out.Akk, out.w, out.u, out.kg,
+                        out.qg if output_qg else None)
+        return ForwardOutput(*out[:5], out.qg if output_qg else None)
     validate.check_safe_gate(safe_gate)
     validate.check_scale(scale)
     problem = validate.check_forward_inputs(q, k, v, gk, beta, cu_seqlens, chunk_size)
@@ -131,6 +152,10 @@ def intra(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor
 
     `out`: optional preallocated outputs (only its Aqk and Akk are used).
     """
+    _refuse_autograd("intra", q=q, k=k, gk=gk, beta=beta)
+    if torch.compiler.is_compiling() and out is None:
+        Aqk, Akk = ops.intra(q, k, gk, beta, q.shape[-1] ** -0.5 if scale is None else scale, cu_seqlens, chunk_size)
+        return Aqk, Akk
     validate.check_safe_gate(safe_gate)
     validate.check_scale(scale)
     problem = validate.check_forward_inputs(q, k, None, gk, beta, cu_seqlens, chunk_size)
@@ -151,6 +176,10 @@ def recompute_w_u(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, Akk: tor
 
     `out`: optional preallocated outputs (its w, u, kg and, with `q`, qg are used).
     """
+    _refuse_autograd("recompute_w_u", k=k, v=v, beta=beta, Akk=Akk, gk=gk, q=q)
+    if torch.compiler.is_compiling() and out is None:
+        w, u, kg, qg = ops.recompute_w_u(k, v, beta, Akk, gk, cu_seqlens, chunk_size, q)
+        return w, u, kg, qg if q is not None else None
     problem = validate.check_recompute_inputs(k, v, beta, Akk, gk, q, cu_seqlens, chunk_size)
     kernels = _kernels(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk_size,
                        q is not None, _device_index(k))
