@@ -64,6 +64,9 @@ def main() -> int:
     cu = torch.tensor([0, 50, 128], dtype=torch.int32, device="cuda")
     kdajit.forward(*args, cu_seqlens=cu)  # load the varlen kernels outside the timing
     print(f"host time per forward call, dense: {per_call_us(lambda: kdajit.forward(*args)):.1f} us")
+    op_call = lambda: torch.ops.kdajit.forward(*args, 128 ** -0.5, None, 64, False)  # noqa: E731
+    print(f"host time per call of the custom op kdajit::forward (what a torch.compile graph calls), dense: "
+          f"{per_call_us(op_call):.1f} us")
     if profiler:
         profiler = cProfile.Profile()
         profiler.enable()
