@@ -61,17 +61,20 @@ def _device_index(t: torch.Tensor) -> int:
     return t.device.index if t.device.index is not None else torch.cuda.current_device()
 
 
+def _given_outputs(out: ForwardOutput | None, names: tuple[str, ...]) -> dict:
+    """The caller's `out` fields that this call writes (kdajit.validate checks them), or {} without `out`."""
+    if out is None:
+        return {}
+    if not isinstance(out, ForwardOutput):
+        raise TypeError(f"out must be a kdajit.ForwardOutput, got {type(out).__name__}")
+    return {name: getattr(out, name) for name in names}
+
+
 def _output(out: ForwardOutput | None, name: str, shape, like: torch.Tensor) -> torch.Tensor:
-    """A fresh output tensor, or the caller's `out` field after checking it matches."""
+    """The caller's (validated) `out` field, or a fresh output tensor."""
     if out is None:
         return torch.empty(shape, dtype=torch.bfloat16, device=like.device)
-    t = getattr(out, name)
-    if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape) or t.dtype != torch.bfloat16 \
-            or t.device != like.device or not t.is_contiguous() or t.data_ptr() % 16:
-        got = f"{t.dtype} {list(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"out.{name} must be a contiguous, 16-byte aligned bfloat16 tensor of shape {list(shape)} "
-                         f"on {like.device}, got {got}")
-    return t
+    return getattr(out, name)
 
 
 def _intra_outputs(out: ForwardOutput | None, problem, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,7 +114,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
     """
     validate.check_safe_gate(safe_gate)
     validate.check_scale(scale)
-    problem = validate.check_forward_inputs(q, k, v, gk, beta, cu_seqlens, chunk_size)
+    written = ("Aqk", "Akk", "w", "u", "kg") + ("qg",) * bool(output_qg)
+    problem = validate.check_forward_inputs(q, k, v, gk, beta, cu_seqlens, chunk_size, _given_outputs(out, written))
     scale = problem.head_k ** -0.5 if scale is None else float(scale)
     kernels = _kernels(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk_size,
                        bool(output_qg), _device_index(q))
@@ -133,7 +137,8 @@ def intra(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor
     """
     validate.check_safe_gate(safe_gate)
     validate.check_scale(scale)
-    problem = validate.check_forward_inputs(q, k, None, gk, beta, cu_seqlens, chunk_size)
+    problem = validate.check_forward_inputs(q, k, None, gk, beta, cu_seqlens, chunk_size,
+                                            _given_outputs(out, ("Aqk", "Akk")))
     scale = problem.head_k ** -0.5 if scale is None else float(scale)
     kernels = _kernels(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk_size, False,
                        _device_index(q))
@@ -151,7 +156,9 @@ def recompute_w_u(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, Akk: tor
 
     `out`: optional preallocated outputs (its w, u, kg and, with `q`, qg are used).
     """
-    problem = validate.check_recompute_inputs(k, v, beta, Akk, gk, q, cu_seqlens, chunk_size)
+    written = ("w", "u", "kg") + ("qg",) * (q is not None)
+    problem = validate.check_recompute_inputs(k, v, beta, Akk, gk, q, cu_seqlens, chunk_size,
+                                              _given_outputs(out, written))
     kernels = _kernels(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk_size,
                        q is not None, _device_index(k))
     cu, offsets = _seq_vectors(cu_seqlens, chunk_size, k.device)
