@@ -44,17 +44,21 @@ def _dummy(device: torch.device, dtype: torch.dtype, shape: tuple[int, ...]) -> 
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
-def _seq_vectors(cu_seqlens: torch.Tensor | None, chunk: int, device: torch.device):
+def _seq_vectors(cu_seqlens: torch.Tensor | None, chunk: int, tokens: int, device: torch.device):
     """(cu_seqlens, chunk_offsets) for the kernels; chunk_offsets[s] = chunks before sequence s.
 
-    Computed with device ops, so no host synchronisation (and CUDA-graph capture works).
+    Computed with device ops, so no host synchronisation (and CUDA-graph capture works). Lengths use
+    the kernels' clamp (`chunk_coords`: positions clamped into [0, T], negative lengths are 0) and the
+    running total is capped at the grid's T // chunk + N, so unchecked cu_seqlens values
+    (KDAJIT_VALIDATE=shapes, capture) cannot describe more chunks than the grid has CTAs.
     """
     if cu_seqlens is None:
         dummy = _dummy(device, torch.int32, (1,))
         return dummy, dummy
-    chunks = (cu_seqlens[1:] - cu_seqlens[:-1] + (chunk - 1)) // chunk
-    offsets = torch.nn.functional.pad(torch.cumsum(chunks, 0, dtype=torch.int32), (1, 0))
-    return cu_seqlens, offsets
+    positions = cu_seqlens.clamp(0, tokens)
+    chunks = (positions.diff().clamp_(min=0) + (chunk - 1)) // chunk
+    total = torch.cumsum(chunks, 0, dtype=torch.int64).clamp_(max=tokens // chunk + chunks.numel())
+    return cu_seqlens, torch.nn.functional.pad(total.to(torch.int32), (1, 0))
 
 
 def _device_index(t: torch.Tensor) -> int:
@@ -119,7 +123,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
     scale = problem.head_k ** -0.5 if scale is None else float(scale)
     kernels = _kernels(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk_size,
                        bool(output_qg), _device_index(q))
-    cu, offsets = _seq_vectors(cu_seqlens, chunk_size, q.device)
+    cu, offsets = _seq_vectors(cu_seqlens, chunk_size, problem.tokens, q.device)
     q_for_qg = q if output_qg else None
     Aqk, Akk = _intra_outputs(out, problem, q)
     w, u, kg, qg = _recompute_outputs(out, k, v, q_for_qg)
@@ -142,7 +146,7 @@ def intra(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor
     scale = problem.head_k ** -0.5 if scale is None else float(scale)
     kernels = _kernels(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk_size, False,
                        _device_index(q))
-    cu, offsets = _seq_vectors(cu_seqlens, chunk_size, q.device)
+    cu, offsets = _seq_vectors(cu_seqlens, chunk_size, problem.tokens, q.device)
     Aqk, Akk = _intra_outputs(out, problem, q)
     _run_intra(q, k, gk, beta, scale, cu, offsets, kernels, Aqk, Akk)
     return Aqk, Akk
@@ -161,7 +165,7 @@ def recompute_w_u(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, Akk: tor
                                               _given_outputs(out, written))
     kernels = _kernels(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk_size,
                        q is not None, _device_index(k))
-    cu, offsets = _seq_vectors(cu_seqlens, chunk_size, k.device)
+    cu, offsets = _seq_vectors(cu_seqlens, chunk_size, problem.tokens, k.device)
     w, u, kg, qg = _recompute_outputs(out, k, v, q)
     _run_recompute(k, v, beta, Akk, gk, q, cu, offsets, kernels, w, u, kg, qg)
     return w, u, kg, qg
