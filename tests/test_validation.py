@@ -126,7 +126,6 @@ def test_bf16_beta_at_a_2_byte_offset_is_refused():
 
 def test_validation_checks_the_alignment_every_kernel_assumes():
     # Validation and the templates' fake tensors must agree on every tensor argument of every kernel.
-    import cutlass  # noqa: F401  (CUTE_DSL_ARCH is set by the package before cutlass loads)
     from kdajit import compiler, validate
     from kdajit.keys import BETA_DTYPES, VARLEN_MODES, ForwardSpec
 
