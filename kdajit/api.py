@@ -44,34 +44,41 @@ def _dummy(device: torch.device, dtype: torch.dtype, shape: tuple[int, ...]) -> 
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
-def _seq_vectors(cu_seqlens: torch.Tensor | None, chunk: int, device: torch.device):
+def _seq_vectors(cu_seqlens: torch.Tensor | None, chunk: int, tokens: int, device: torch.device):
     """(cu_seqlens, chunk_offsets) for the kernels; chunk_offsets[s] = chunks before sequence s.
 
-    Computed with device ops, so no host synchronisation (and CUDA-graph capture works).
+    Computed with device ops, so no host synchronisation (and CUDA-graph capture works). Lengths use
+    the kernels' clamp (`chunk_coords`: positions clamped into [0, T], negative lengths are 0) and the
+    running total is capped at the grid's T // chunk + N, so unchecked cu_seqlens values
+    (KDAJIT_VALIDATE=shapes, capture) cannot describe more chunks than the grid has CTAs.
     """
     if cu_seqlens is None:
         dummy = _dummy(device, torch.int32, (1,))
         return dummy, dummy
-    chunks = (cu_seqlens[1:] - cu_seqlens[:-1] + (chunk - 1)) // chunk
-    offsets = torch.nn.functional.pad(torch.cumsum(chunks, 0, dtype=torch.int32), (1, 0))
-    return cu_seqlens, offsets
+    positions = cu_seqlens.clamp(0, tokens)
+    chunks = (positions.diff().clamp_(min=0) + (chunk - 1)) // chunk
+    total = torch.cumsum(chunks, 0, dtype=torch.int64).clamp_(max=tokens // chunk + chunks.numel())
+    return cu_seqlens, torch.nn.functional.pad(total.to(torch.int32), (1, 0))
 
 
 def _device_index(t: torch.Tensor) -> int:
     return t.device.index if t.device.index is not None else torch.cuda.current_device()
 
 
+def _given_outputs(out: ForwardOutput | None, names: tuple[str, ...]) -> dict:
+    """The caller's `out` fields that this call writes (kdajit.validate checks them), or {} without `out`."""
+    if out is None:
+        return {}
+    if not isinstance(out, ForwardOutput):
+        raise TypeError(f"out must be a kdajit.ForwardOutput, got {type(out).__name__}")
+    return {name: getattr(out, name) for name in names}
+
+
 def _output(out: ForwardOutput | None, name: str, shape, like: torch.Tensor) -> torch.Tensor:
-    """A fresh output tensor, or the caller's `out` field after checking it matches."""
+    """The caller's (validated) `out` field, or a fresh output tensor."""
     if out is None:
         return torch.empty(shape, dtype=torch.bfloat16, device=like.device)
-    t = getattr(out, name)
-    if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape) or t.dtype != torch.bfloat16 \
-            or t.device != like.device or not t.is_contiguous() or t.data_ptr() % 16:
-        got = f"{t.dtype} {list(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"out.{name} must be a contiguous, 16-byte aligned bfloat16 tensor of shape {list(shape)} "
-                         f"on {like.device}, got {got}")
-    return t
+    return getattr(out, name)
 
 
 def _intra_outputs(out: ForwardOutput | None, problem, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,11 +139,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
         return ForwardOutput(*out[:5], out.qg if output_qg else None)
     validate.check_safe_gate(safe_gate)
     validate.check_scale(scale)
-    problem = validate.check_forward_inputs(q, k, v, gk, beta, cu_seqlens, chunk_size)
+    written = ("Aqk", "Akk", "w", "u", "kg") + ("qg",) * bool(output_qg)
+    problem = validate.check_forward_inputs(q, k, v, gk, beta, cu_seqlens, chunk_size, _given_outputs(out, written))
     scale = problem.head_k ** -0.5 if scale is None else float(scale)
     kernels = _kernels(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk_size,
                        bool(output_qg), _device_index(q))
-    cu, offsets = _seq_vectors(cu_seqlens, chunk_size, q.device)
+    cu, offsets = _seq_vectors(cu_seqlens, chunk_size, problem.tokens, q.device)
     q_for_qg = q if output_qg else None
     Aqk, Akk = _intra_outputs(out, problem, q)
     w, u, kg, qg = _recompute_outputs(out, k, v, q_for_qg)
@@ -158,11 +166,12 @@ def intra(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor
         return Aqk, Akk
     validate.check_safe_gate(safe_gate)
     validate.check_scale(scale)
-    problem = validate.check_forward_inputs(q, k, None, gk, beta, cu_seqlens, chunk_size)
+    problem = validate.check_forward_inputs(q, k, None, gk, beta, cu_seqlens, chunk_size,
+                                            _given_outputs(out, ("Aqk", "Akk")))
     scale = problem.head_k ** -0.5 if scale is None else float(scale)
     kernels = _kernels(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk_size, False,
                        _device_index(q))
-    cu, offsets = _seq_vectors(cu_seqlens, chunk_size, q.device)
+    cu, offsets = _seq_vectors(cu_seqlens, chunk_size, problem.tokens, q.device)
     Aqk, Akk = _intra_outputs(out, problem, q)
     _run_intra(q, k, gk, beta, scale, cu, offsets, kernels, Aqk, Akk)
     return Aqk, Akk
@@ -180,10 +189,12 @@ def recompute_w_u(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, Akk: tor
     if torch.compiler.is_compiling() and out is None:
         w, u, kg, qg = ops.recompute_w_u(k, v, beta, Akk, gk, cu_seqlens, chunk_size, q)
         return w, u, kg, qg if q is not None else None
-    problem = validate.check_recompute_inputs(k, v, beta, Akk, gk, q, cu_seqlens, chunk_size)
+    written = ("w", "u", "kg") + ("qg",) * (q is not None)
+    problem = validate.check_recompute_inputs(k, v, beta, Akk, gk, q, cu_seqlens, chunk_size,
+                                              _given_outputs(out, written))
     kernels = _kernels(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk_size,
                        q is not None, _device_index(k))
-    cu, offsets = _seq_vectors(cu_seqlens, chunk_size, k.device)
+    cu, offsets = _seq_vectors(cu_seqlens, chunk_size, problem.tokens, k.device)
     w, u, kg, qg = _recompute_outputs(out, k, v, q)
     _run_recompute(k, v, beta, Akk, gk, q, cu, offsets, kernels, w, u, kg, qg)
     return w, u, kg, qg

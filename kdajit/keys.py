@@ -20,6 +20,11 @@ BETA_DTYPES = ("bf16", "fp32")
 VARLEN_MODES = ("dense", "cu32", "cu64")
 HEAD_DIMS = (128,)
 CHUNK_SIZES = (64,)
+# Base-address alignment (bytes) the kernels assume: the fake tensors' `assumed_align` in
+# templates/common.py `SymbolicShapes`. kdajit.validate checks exactly these before any launch.
+TILE_ALIGN = 16  # [B, T, H, D] tensors: q, k, v, gk, Akk, the L workspace and every output
+ROW_ALIGN = 4  # [B, T, H] tensors: beta (bf16 or fp32)
+SEQ_ALIGN = 4  # cu_seqlens and chunk_offsets
 ARCHS = ("sm_80", "sm_90a", "sm_100a")
 
 

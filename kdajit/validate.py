@@ -8,16 +8,25 @@ other rule with CPU tensors.
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 
 import torch
 
 from kdajit import env
-from kdajit.keys import CHUNK_SIZES, HEAD_DIMS
+from kdajit.keys import CHUNK_SIZES, HEAD_DIMS, ROW_ALIGN, SEQ_ALIGN, TILE_ALIGN
 
 _BETA_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 _CU_DTYPES = {torch.int32: "cu32", torch.int64: "cu64"}
-_MAX_INDEX = 2**31 - 1
+_MAX_INDEX = 2**31 - 1  # also the CUDA grid x limit (chunks)
+_MAX_GRID_YZ = 65535  # CUDA grid y (heads) and z (batch) limits
+_FP32_MAX = 3.4028234663852886e38
+# Base-address alignment (bytes) the kernels assume for each tensor argument (kdajit.keys; the templates'
+# fake tensors declare the same, which tests/test_validation.py checks).
+ALIGNMENT = {**dict.fromkeys(("q", "k", "v", "gk", "Akk", "L", "Aqk", "w", "u", "kg", "qg"), TILE_ALIGN),
+             "beta": ROW_ALIGN, "cu_seqlens": SEQ_ALIGN, "chunk_offsets": SEQ_ALIGN}
+# Last dimension of each output, as a Problem field.
+_OUTPUT_LAST_DIM = {"Aqk": "chunk", "Akk": "chunk", "w": "head_k", "u": "head_v", "kg": "head_k", "qg": "head_k"}
 
 
 @dataclass(frozen=True)
@@ -51,7 +60,8 @@ def _shape(name: str, t: torch.Tensor, expected: tuple[int, ...], meaning: str) 
         raise ValueError(f"{name} must have shape {list(expected)} ({meaning}), got {list(t.shape)}")
 
 
-def _layout(name: str, t: torch.Tensor, align: int) -> None:
+def _layout(name: str, t: torch.Tensor) -> None:
+    align = max(ALIGNMENT[name], t.element_size())
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous, got strides {list(t.stride())} for shape {list(t.shape)}; "
                          f"call .contiguous() first")
@@ -65,12 +75,45 @@ def _choice(name: str, value: object, allowed: tuple) -> None:
         raise NotImplementedError(f"{name}={value!r} is not supported yet; supported: {list(allowed)}")
 
 
+def _brief(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+
+
 def check_scale(scale: float | None) -> None:
-    """A given scale must be a finite Python number (None means K ** -0.5)."""
+    """A given scale must be a Python number that stays finite in float32, as the kernels take it.
+
+    None means K ** -0.5.
+    """
     if scale is None:
         return
-    if isinstance(scale, (torch.Tensor, bool)) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite Python float, got {scale!r}")
+    if isinstance(scale, (torch.Tensor, bool)) or not isinstance(scale, (int, float)):
+        raise ValueError(f"scale must be a finite Python float, got {type(scale).__name__} {_brief(scale)}")
+    try:
+        # float32 round to nearest, as the launch converts it; pack raises where the result is not finite.
+        finite = math.isfinite(struct.unpack("f", struct.pack("f", float(scale)))[0])
+    except OverflowError:
+        finite = False
+    if not finite:
+        raise ValueError(f"scale must be a finite Python float that stays finite in float32 (|scale| <= "
+                         f"{_FP32_MAX!r}), got {_brief(scale)}")
+
+
+def _check_chunk_size(chunk_size: object) -> None:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
+        raise TypeError(f"chunk_size must be a Python int, got {type(chunk_size).__name__} {chunk_size!r}")
+    _choice("chunk_size", chunk_size, CHUNK_SIZES)
+
+
+def _check_grid(ref_name: str, batch: int, tokens: int, heads: int) -> None:
+    """One CTA per (chunk, head, batch): heads are grid y and the batch grid z."""
+    if tokens > _MAX_INDEX:
+        raise ValueError(f"T={tokens} ({ref_name}.shape[1]) must be < 2**31")
+    for size, dim, axis in ((heads, "H", "y"), (batch, "B", "z")):
+        if size > _MAX_GRID_YZ:
+            index = "BTH".index(dim)
+            raise ValueError(f"{dim}={size} ({ref_name}.shape[{index}]) exceeds the CUDA grid limit: {dim} is grid "
+                             f"{axis}, at most {_MAX_GRID_YZ}")
 
 
 def check_safe_gate(safe_gate: object) -> None:
@@ -81,14 +124,18 @@ def check_safe_gate(safe_gate: object) -> None:
             f"arbitrary gates is not implemented yet.")
 
 
-def _check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, tokens: int) -> str:
+def _check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, tokens: int, chunk: int) -> str:
     _dtype("cu_seqlens", cu_seqlens, tuple(_CU_DTYPES))
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"cu_seqlens must be a 1-D tensor [N+1] with N >= 1 sequences, got shape "
                          f"{list(cu_seqlens.shape)}")
     if batch != 1:
         raise ValueError(f"with cu_seqlens the batch size must be 1 (sequences packed along T), got B={batch}")
-    _layout("cu_seqlens", cu_seqlens, cu_seqlens.element_size())
+    grid_x = tokens // chunk + cu_seqlens.numel() - 1
+    if grid_x > _MAX_INDEX:
+        raise ValueError(f"cu_seqlens holds N={cu_seqlens.numel() - 1} sequences: the varlen grid T // chunk_size + N "
+                         f"= {grid_x} exceeds the CUDA grid x limit {_MAX_INDEX}")
+    _layout("cu_seqlens", cu_seqlens)
     if env.validate_mode() == "full" and not _capturing():
         values = cu_seqlens.tolist()
         if values[0] != 0 or values[-1] != tokens:
@@ -120,12 +167,41 @@ def check_devices(**tensors: torch.Tensor | None) -> torch.device:
     return first.device
 
 
+def _span(t: torch.Tensor) -> tuple[torch.device, int, int]:
+    """(device, first byte, end byte) of a contiguous tensor."""
+    return t.device, t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
+def _check_outputs(outputs: dict[str, object], problem: Problem, inputs: dict[str, torch.Tensor | None]) -> None:
+    """The caller's `out=` buffers: exact shape, bf16, contiguous, aligned, and disjoint from every input and
+    from each other (a kernel reading bytes that another CTA writes would make the outputs depend on timing)."""
+    seen = [(name, _span(t)) for name, t in inputs.items() if t is not None and t.numel()]
+    for name, t in outputs.items():
+        shape = [problem.batch, problem.tokens, problem.heads, getattr(problem, _OUTPUT_LAST_DIM[name])]
+        if not isinstance(t, torch.Tensor) or list(t.shape) != shape or t.dtype != torch.bfloat16 \
+                or not t.is_contiguous() or t.data_ptr() % ALIGNMENT[name]:
+            got = (f"{str(t.dtype).replace('torch.', '')} {list(t.shape)} with strides {list(t.stride())} at "
+                   f"{hex(t.data_ptr())}" if isinstance(t, torch.Tensor) else type(t).__name__)
+            raise ValueError(f"out.{name} must be a contiguous, {ALIGNMENT[name]}-byte aligned bfloat16 tensor of "
+                             f"shape {shape}, got {got}")
+        if not t.numel():
+            continue
+        device, start, end = _span(t)
+        for other, (other_device, other_start, other_end) in seen:
+            if device == other_device and start < other_end and other_start < end:
+                raise ValueError(f"out.{name} overlaps {other} (bytes [{hex(start)}, {hex(end)}) and "
+                                 f"[{hex(other_start)}, {hex(other_end)})): out= buffers must not alias an input "
+                                 f"or another output")
+        seen.append((f"out.{name}", (device, start, end)))
+
+
 def check_forward_inputs(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor | None, gk: torch.Tensor,
                          beta: torch.Tensor, cu_seqlens: torch.Tensor | None, chunk_size: int,
-                         **more_tensors: torch.Tensor) -> Problem:
+                         outputs: dict[str, object] | None = None, **more_tensors: torch.Tensor) -> Problem:
     """Validate the inputs of `forward`/`intra`/`recompute_w_u` (q or v may be None where optional).
 
-    `more_tensors` (already checked by the caller) join the final same-CUDA-device check.
+    `outputs`: the caller's `out=` fields this call writes, by name ("Aqk", "w", ...). `more_tensors`
+    (already checked by the caller) join the overlap and the final same-CUDA-device checks.
     """
     k = _tensor("k", k)
     ref_name, ref = ("k", k) if q is None else ("q", _tensor("q", q))
@@ -133,8 +209,9 @@ def check_forward_inputs(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tenso
     if ref.dim() != 4:
         raise ValueError(f"{ref_name} must be 4-D [B, T, H, K], got shape {list(ref.shape)}")
     batch, tokens, heads, head_k = ref.shape
+    _check_grid(ref_name, batch, tokens, heads)
     _choice(f"K ({ref_name}.shape[-1])", head_k, HEAD_DIMS)
-    _choice("chunk_size", chunk_size, CHUNK_SIZES)
+    _check_chunk_size(chunk_size)
     gk = _tensor("gk", gk)
     beta = _tensor("beta", beta)
     _dtype("k", k, (torch.bfloat16,))
@@ -152,29 +229,29 @@ def check_forward_inputs(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tenso
                              f"{list(v.shape)}")
         head_v = v.shape[3]
         _choice("V (v.shape[-1])", head_v, HEAD_DIMS)
-    for name, t in (("q", q), ("k", k), ("v", v), ("gk", gk)):
+    for name, t in (("q", q), ("k", k), ("v", v), ("gk", gk), ("beta", beta)):
         if t is not None:
-            _layout(name, t, 16)
-    _layout("beta", beta, beta.element_size())
-    if tokens > _MAX_INDEX:
-        raise ValueError(f"T={tokens} must be < 2**31")
+            _layout(name, t)
     varlen = "dense"
     if cu_seqlens is not None:
-        varlen = _check_cu_seqlens(_tensor("cu_seqlens", cu_seqlens), batch, tokens)
-    check_devices(**{ref_name: ref, "k": k, "v": v, "gk": gk, "beta": beta, "cu_seqlens": cu_seqlens},
-                  **more_tensors)
-    return Problem(batch, tokens, heads, head_k, head_v, chunk_size, _BETA_DTYPES[beta.dtype], varlen)
+        varlen = _check_cu_seqlens(_tensor("cu_seqlens", cu_seqlens), batch, tokens, chunk_size)
+    problem = Problem(batch, tokens, heads, head_k, head_v, chunk_size, _BETA_DTYPES[beta.dtype], varlen)
+    inputs = {ref_name: ref, "k": k, "v": v, "gk": gk, "beta": beta, "cu_seqlens": cu_seqlens, **more_tensors}
+    outputs = outputs or {}
+    _check_outputs(outputs, problem, inputs)
+    check_devices(**inputs, **{f"out.{name}": t for name, t in outputs.items()})
+    return problem
 
 
 def check_recompute_inputs(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, Akk: torch.Tensor,
                            gk: torch.Tensor, q: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
-                           chunk_size: int) -> Problem:
-    """Validate the inputs of `recompute_w_u`."""
+                           chunk_size: int, outputs: dict[str, object] | None = None) -> Problem:
+    """Validate the inputs (and the `out=` fields it writes) of `recompute_w_u`."""
     Akk = _tensor("Akk", Akk)
     _dtype("Akk", Akk, (torch.bfloat16,))
     ref = k if q is None else q
     if isinstance(ref, torch.Tensor) and ref.dim() == 4:
         expected = (*ref.shape[:3], chunk_size)
         _shape("Akk", Akk, expected, "[B, T, H, chunk_size]")
-    _layout("Akk", Akk, 16)
-    return check_forward_inputs(q, k, v, gk, beta, cu_seqlens, chunk_size, Akk=Akk)
+    _layout("Akk", Akk)
+    return check_forward_inputs(q, k, v, gk, beta, cu_seqlens, chunk_size, outputs, Akk=Akk)

@@ -64,7 +64,14 @@ def chunk_coords(mCuSeqlens: cute.Tensor, mChunkOffsets: cute.Tensor, seq_len_de
     """Map this CTA to its tile.
 
     Returns (is_valid, batch, row0, valid_rows): the tile covers rows [row0, row0 + valid_rows) of
-    batch `batch`; `is_valid` is False for the spare CTAs of the varlen grid.
+    batch `batch`; `is_valid` is False for the spare CTAs of the varlen grid. `seq_len_dense` is the
+    tensors' T (in varlen mode too).
+
+    Varlen rows are clamped so that no cu_seqlens can drive a kernel outside its tensors, also when
+    its values were never checked (KDAJIT_VALIDATE=shapes, CUDA-graph capture): a sequence's bos and
+    eos are clamped into [0, T] with eos >= bos, and a CTA is valid only for a chunk that holds rows
+    of its (clamped) sequence, so 0 <= row0 < row0 + valid_rows <= T and 1 <= valid_rows <= chunk.
+    Bad values give garbage outputs, never an out-of-bounds access.
     """
     bidx, _, bidz = cute.arch.block_idx()
     is_valid = cutlass.Boolean(True)
@@ -86,10 +93,19 @@ def chunk_coords(mCuSeqlens: cute.Tensor, mChunkOffsets: cute.Tensor, seq_len_de
                 else:
                     hi = mid
             chunk_in_seq = cutlass.Int32(bidx) - mChunkOffsets[lo]
-            bos = cutlass.Int32(mCuSeqlens[lo])
-            seq_len = cutlass.Int32(mCuSeqlens[lo + 1]) - bos
-            row0 = bos + chunk_in_seq * chunk
-            valid_rows = min(seq_len - chunk_in_seq * chunk, chunk)
+            # Clamp in cu_seqlens' own dtype (int64 values must not wrap before the clamp).
+            cu_dtype = mCuSeqlens.element_type
+            tokens = cu_dtype(seq_len_dense)
+            bos_cu = min(max(cu_dtype(mCuSeqlens[lo]), cu_dtype(0)), tokens)
+            eos_cu = min(max(cu_dtype(mCuSeqlens[lo + 1]), bos_cu), tokens)
+            bos = cutlass.Int32(bos_cu)
+            seq_len = cutlass.Int32(eos_cu) - bos
+            seq_chunks = seq_len // chunk + min(seq_len % chunk, 1)
+            if chunk_in_seq < 0 or chunk_in_seq >= seq_chunks:
+                is_valid = cutlass.Boolean(False)
+            else:
+                row0 = bos + chunk_in_seq * chunk
+                valid_rows = min(seq_len - chunk_in_seq * chunk, chunk)
     else:
         row0 = cutlass.Int32(bidx) * chunk
         valid_rows = min(seq_len_dense - row0, chunk)

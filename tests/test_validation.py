@@ -106,3 +106,133 @@ def test_intra_checks_without_v():
     args = inputs()
     with pytest.raises(ValueError, match=r"gk must have shape \[1, 130, 2, 128\]"):
         kdajit.intra(args["q"], args["k"], args["gk"][:, :, :1], args["beta"])
+
+
+# Issue 11, part 3: each case passed validation (or failed with the wrong error) before the fix.
+
+def beta_at_offset(offset_bytes, dtype=torch.bfloat16):
+    """A contiguous [B, T, H] beta whose data starts `offset_bytes` into a fresh allocation."""
+    skip = offset_bytes // torch.empty(0, dtype=dtype).element_size()
+    return torch.rand(B * T * H + skip).to(dtype)[skip:].view(B, T, H)
+
+
+def test_bf16_beta_at_a_2_byte_offset_is_refused():
+    # The kernels assume 4-byte aligned beta (fake tensor assumed_align=4); TVM-FFI used to reject it deep inside.
+    with pytest.raises(ValueError, match=r"beta must start at a 4-byte aligned address"):
+        call_forward(beta=beta_at_offset(2))
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        call_forward(beta=beta_at_offset(4))
+
+
+def test_validation_checks_the_alignment_every_kernel_assumes():
+    # Validation and the templates' fake tensors must agree on every tensor argument of every kernel.
+    from kdajit import compiler, validate
+    from kdajit.keys import BETA_DTYPES, VARLEN_MODES, ForwardSpec
+
+    # The API's argument order for each kernel (kdajit/api.py launches).
+    names = {"intra": ("q", "k", "gk", "beta", "Aqk", "L", "cu_seqlens", "chunk_offsets"),
+             "akk_inverse": ("L", "Akk", "cu_seqlens", "chunk_offsets"),
+             "recompute_wu": ("k", "v", "beta", "Akk", "gk", "q", "w", "u", "kg", "qg", "cu_seqlens",
+                              "chunk_offsets")}
+    checked = set()
+    for spec in (ForwardSpec(b, m, 128, 128, 64, True, "sm_90a") for b in BETA_DTYPES for m in VARLEN_MODES):
+        for key in spec.kernel_keys():
+            fakes = [a for a in compiler.template_class(key)(key).fake_args() if hasattr(a, "_assumed_align")]
+            assert len(fakes) == len(names[key.TEMPLATE]), key
+            for name, fake in zip(names[key.TEMPLATE], fakes):
+                assert validate.ALIGNMENT[name] == fake._assumed_align, (key.TEMPLATE, name)
+                checked.add(name)
+    assert checked == set(validate.ALIGNMENT)
+
+
+class IndexLike:
+    """An integer-like object that compares equal to 64 (numpy integers behave so)."""
+
+    def __index__(self):
+        return 64
+
+    def __eq__(self, other):
+        return other == 64
+
+    __hash__ = None
+
+
+@pytest.mark.parametrize("chunk_size", [64.0, True, IndexLike(), "64"], ids=["float", "bool", "index-like", "str"])
+def test_chunk_size_must_be_a_python_int(chunk_size):
+    with pytest.raises(TypeError, match=r"chunk_size must be a Python int.*got"):
+        call_forward(chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize("scale", [10**400, 1e39, -1e39, float("inf")], ids=["huge-int", "1e39", "-1e39", "inf"])
+def test_scale_must_be_finite_in_fp32(scale):
+    with pytest.raises(ValueError, match=r"scale must be a finite .*float32"):
+        call_forward(scale=scale)
+
+
+@pytest.mark.parametrize("scale", [3.4e38, 10**38, 1e-50, -0.5], ids=["3.4e38", "int", "tiny", "negative"])
+def test_scale_inside_fp32_range_is_accepted(scale):
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):  # the device rule: every other rule passed
+        call_forward(scale=scale)
+
+
+def fresh_out(qg=True):
+    nan = lambda *shape: torch.full(shape, float("nan"), dtype=torch.bfloat16)
+    return kdajit.ForwardOutput(nan(B, T, H, 64), nan(B, T, H, 64), nan(B, T, H, K), nan(B, T, H, V),
+                                nan(B, T, H, K), nan(B, T, H, K) if qg else None)
+
+
+def forward_with_out(args, out, output_qg=True):
+    return kdajit.forward(args["q"], args["k"], args["v"], args["gk"], args["beta"], out=out, output_qg=output_qg)
+
+
+def test_out_buffers_are_accepted_when_disjoint():
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        forward_with_out(inputs(), fresh_out())
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):  # out.qg is ignored without output_qg
+        forward_with_out(inputs(), fresh_out()._replace(qg=inputs()["q"]), output_qg=False)
+
+
+def test_out_aliasing_an_input_is_refused():
+    args = inputs()
+    with pytest.raises(ValueError, match=r"out\.w overlaps k"):
+        forward_with_out(args, fresh_out()._replace(w=args["k"]))
+    with pytest.raises(ValueError, match=r"out\.qg overlaps q"):
+        forward_with_out(args, fresh_out()._replace(qg=args["q"]))
+    # A partial overlap: out.Aqk's bytes start inside gk's storage.
+    aqk = args["gk"].view(-1).view(torch.bfloat16)[64:64 + B * T * H * 64].view(B, T, H, 64)
+    with pytest.raises(ValueError, match=r"out\.Aqk overlaps gk"):
+        forward_with_out(args, fresh_out()._replace(Aqk=aqk))
+    akk, w = overlapping((B, T, H, 64), (B, T, H, K))
+    with pytest.raises(ValueError, match=r"out\.w overlaps Akk"):
+        kdajit.recompute_w_u(args["k"], args["v"], args["beta"], akk, args["gk"], out=fresh_out()._replace(w=w))
+
+
+def overlapping(first, second, shared=64):
+    """Two contiguous bf16 tensors of the given shapes whose storages share `shared` elements."""
+    n1, n2 = torch.Size(first).numel(), torch.Size(second).numel()
+    storage = torch.zeros(n1 + n2 - shared, dtype=torch.bfloat16)
+    return storage[:n1].view(first), storage[n1 - shared:].view(second)
+
+
+def test_out_buffers_aliasing_each_other_are_refused():
+    out = fresh_out()
+    with pytest.raises(ValueError, match=r"out\.Akk overlaps out\.Aqk"):
+        forward_with_out(inputs(), out._replace(Akk=out.Aqk))
+    w, kg = overlapping((B, T, H, K), (B, T, H, K))
+    with pytest.raises(ValueError, match=r"out\.kg overlaps out\.w"):
+        forward_with_out(inputs(), out._replace(w=w, kg=kg))
+
+
+@pytest.mark.parametrize("dim,name", [(2, "H"), (0, "B")])
+def test_grid_limits_on_heads_and_batch(dim, name):
+    shape = [B, 1, H, K]
+    shape[dim] = 65536
+    big = torch.empty(1, 1, 1, K, dtype=torch.bfloat16).expand(*shape)  # no memory; the grid rule comes first
+    with pytest.raises(ValueError, match=rf"{name}=65536 .*65535"):
+        kdajit.forward(big, big, big, big.float(), big[..., 0])
+
+
+def test_grid_limit_on_varlen_chunk_count():
+    cu = torch.zeros(1, dtype=torch.int32).expand(2**31)  # N = 2**31 - 1 sequences: grid x = T // 64 + N
+    with pytest.raises(ValueError, match=r"cu_seqlens.*2147483647"):
+        call_forward(cu_seqlens=cu)
