@@ -58,7 +58,7 @@ def report(root: Path | None) -> dict:
         "disable_jit": env.disable_jit(),
         "force_recompile": env.force_recompile(),
         "arch": arch, "arch_error": arch_error,
-        "arch_source": "KDAJIT_ARCH" if env.arch() else "CUDA device (sm_90a without one)",
+        "arch_source": "KDAJIT_ARCH" if env.snapshot().get("KDAJIT_ARCH") else "CUDA device (sm_90a without one)",
         "toolchain": {"fingerprint": cache.toolchain_fingerprint(), "components": components},
         "environment": env.snapshot(),
     }

@@ -12,17 +12,7 @@ import torch
 
 from kdajit import cache, compiler, ops, validate
 from kdajit.keys import ForwardSpec
-
-
-class ForwardOutput(NamedTuple):
-    """Outputs of `forward` (bf16) and of `kdajit.reference` (fp64/fp32); `qg` is None unless requested."""
-
-    Aqk: torch.Tensor
-    Akk: torch.Tensor
-    w: torch.Tensor
-    u: torch.Tensor
-    kg: torch.Tensor
-    qg: torch.Tensor | None
+from kdajit.outputs import ForwardOutput
 
 
 class _Kernels(NamedTuple):

@@ -12,7 +12,8 @@
     kdajit cache export OUT.tar[.gz] [--arch A] [--spec S] [--all-toolchains]
     kdajit cache import IN.tar[.gz] [--world-readable]
     kdajit env [--json]
-    kdajit demo ...
+    kdajit demo [--lengths 1,63,700] [--heads 4] [--beta bf16|fp32] [--cache-dir DIR]
+    kdajit --version
 
 Every cache verb takes --cache-dir (default: KDAJIT_CACHE_DIR, else the platformdirs user cache
 dir). KEY is a spec slug as `kdajit cache ls` prints it (e.g. akk_inverse.varlen-dense.chunk-64),
@@ -25,6 +26,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import kdajit
 from kdajit import cache, keys
 from kdajit.cache_tools import bundle, envinfo, inspection, keyspec, maintenance, precompile, store
 
@@ -115,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="machine-readable output")
 
     parser = argparse.ArgumentParser(prog="kdajit", description="kdajit kernels: precompile, cache tools, env.")
+    parser.add_argument("--version", action="version", version=f"kdajit {kdajit.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("precompile", parents=[common], help="compile a cross product of specializations",

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import os
 
+from kdajit.keys import ARCHS
+
 _PREFIX = "KDAJIT_"
 
 
@@ -51,7 +53,10 @@ def force_recompile() -> bool:
 
 
 def arch() -> str | None:
-    return _get("ARCH") or None
+    value = _get("ARCH") or None
+    if value is not None and value not in ARCHS:
+        raise ValueError(f"KDAJIT_ARCH={value!r} is not valid; expected one of {', '.join(ARCHS)}")
+    return value
 
 
 def lock_dir() -> str | None:
@@ -112,6 +117,11 @@ def pin_compile_worker(arch: str) -> None:
     os.environ["CUTE_DSL_ARCH"] = arch
     os.environ[_PREFIX + "ARCH"] = arch
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def use_cache_dir(path: str) -> None:
+    """Make `path` this process's cache root (KDAJIT_CACHE_DIR), for a CLI verb's --cache-dir."""
+    os.environ[_PREFIX + "CACHE_DIR"] = path
 
 
 def prepare_cute_dsl(default_arch: str) -> None:

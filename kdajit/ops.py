@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kdajit.outputs import ForwardOutput
+
 
 def _qg_or_empty(qg: Tensor | None, like: Tensor) -> Tensor:
     return qg if qg is not None else like.new_empty(0)
@@ -45,7 +47,7 @@ def forward_out(q: Tensor, k: Tensor, v: Tensor, gk: Tensor, beta: Tensor, scale
     from kdajit import api
 
     api.forward(q, k, v, gk, beta, scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size, output_qg=qg is not None,
-                out=api.ForwardOutput(Aqk, Akk, w, u, kg, qg))
+                out=ForwardOutput(Aqk, Akk, w, u, kg, qg))
 
 
 @forward_out.register_fake

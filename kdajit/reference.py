@@ -25,7 +25,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from kdajit.api import ForwardOutput
+from kdajit.outputs import ForwardOutput
 
 __all__ = [
     "RCP_LN2",

@@ -15,8 +15,9 @@ import torch
 
 from kdajit import env
 from kdajit.keys import CHUNK_SIZES, HEAD_DIMS, ROW_ALIGN, SEQ_ALIGN, TILE_ALIGN
+from kdajit.outputs import BETA_TORCH_DTYPES
 
-_BETA_DTYPES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+_BETA_DTYPES = {dtype: name for name, dtype in BETA_TORCH_DTYPES.items()}
 _CU_DTYPES = {torch.int32: "cu32", torch.int64: "cu64"}
 _MAX_INDEX = 2**31 - 1  # also the CUDA grid x limit (chunks)
 _MAX_GRID_YZ = 65535  # CUDA grid y (heads) and z (batch) limits
@@ -159,7 +160,9 @@ def check_devices(**tensors: torch.Tensor | None) -> torch.device:
     present = {n: t for n, t in tensors.items() if t is not None}
     first_name, first = next(iter(present.items()))
     if first.device.type != "cuda":
-        raise ValueError(f"{first_name} must be a CUDA tensor, got device {first.device}")
+        raise ValueError(f"{first_name} must be a CUDA tensor, got device {first.device}; kdajit's kernels run on "
+                         f"NVIDIA GPUs only (for checking without one, kdajit.reference.forward_reference evaluates "
+                         f"the same outputs in fp64 on any device)")
     for name, t in present.items():
         if t.device != first.device:
             raise ValueError(f"{name} is on {t.device} but {first_name} is on {first.device}; all inputs must be "

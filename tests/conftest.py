@@ -1,6 +1,24 @@
-"""Fixtures shared by the cache and CLI tests."""
+"""Fixtures shared by the cache and CLI tests, and the test tiers (see tests/tiers.py).
+
+`python -m pytest -q` runs the fast tier; `python -m pytest -q --full` also runs every case marked
+`full` (the whole compile sweep: run it before submitting kernel changes).
+"""
 import cache_helpers as ch
 import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true",
+                     help="also run the cases marked `full` (the whole compile sweep; see tests/tiers.py)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--full"):
+        return
+    skip = pytest.mark.skip(reason="full sweep only: run `python -m pytest -q --full`")
+    for item in items:
+        if "full" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -1,26 +1,30 @@
-"""GPU correctness of kdajit.forward: accuracy against fp64, full coverage, and bitwise equality of routes.
+"""GPU correctness of kdajit.forward: accuracy against fp64 and FLA, full coverage, bitwise equality of routes.
 
-Run on a CUDA machine with `pytest -m gpu`. Inputs are drawn fresh on every run (the seed is printed on
-failure); every output buffer is poisoned with NaN before each call, so an element a kernel forgets to
-write fails the test.
+Run on a CUDA machine with `pytest -m gpu` (add `-rs` to see skip reasons: the comparison with FLA
+skips when flash-linear-attention is not importable). Inputs are drawn fresh on every run (the seed is
+printed on failure); every output buffer is poisoned with NaN before each call, so an element a kernel
+forgets to write fails the test. The accuracy rule is docs/contract.md's.
 """
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import kdajit
 from kdajit import reference
+from kdajit.keys import BETA_DTYPES
+from kdajit.outputs import BETA_TORCH_DTYPES
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 OUTPUTS = ("Aqk", "Akk", "w", "u", "kg", "qg")
 INPUTS = ("q", "k", "v", "gk", "beta")
-BETA = {"bf16": torch.bfloat16, "fp32": torch.float32}
-# FLA's errors on an H200 (B=2, T=1024, H=4, K=V=128, fp32 beta, gate bound -5), from the contract;
-# used only when flash-linear-attention is not importable.
-RECORDED_FLA_ERRORS = {"w": 1.7e-3, "u": 2.2e-3, "kg": 3.3e-4, "Aqk": 1.8e-3, "Akk": 1.7e-5}
+# docs/contract.md: each output's error against fp64 is at most this factor times FLA's on the same inputs.
+FLA_ERROR_FACTOR = 1.02
 
 
 @pytest.fixture
@@ -69,12 +73,18 @@ def pack(x):
     return packed, cu
 
 
-def fla_errors(x, ref, cu):
-    """FLA's relative errors on the same inputs, or the recorded numbers without FLA."""
+def fla_intra_or_skip():
+    """FLA's `chunk_kda_fwd_intra`; skips the test (with the reason) where FLA is not importable."""
     try:
-        from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra as fla_intra
-    except ImportError:
-        return dict(RECORDED_FLA_ERRORS), "recorded"
+        from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra
+    except ImportError as e:
+        pytest.skip(f"flash-linear-attention is not importable ({e}): the accuracy rule compares against FLA's "
+                    f"error on the same inputs; pip install flash-linear-attention to run it")
+    return chunk_kda_fwd_intra
+
+
+def fla_errors(fla_intra, x, ref, cu):
+    """FLA's relative errors against the fp64 reference on the same inputs."""
     scale = x["q"].shape[-1] ** -0.5
     w, u, qg, kg, Aqk, Akk = fla_intra(x["q"], x["k"], x["v"], x["gk"], x["beta"], scale, cu_seqlens=cu,
                                        safe_gate=True, disable_recompute=True)
@@ -84,7 +94,7 @@ def fla_errors(x, ref, cu):
             # FLA leaves Aqk's strictly-upper 16x16 blocks unwritten: compare the lower triangle only.
             "Aqk": reference.relative_error(torch.where(upper[None, :, None, :], 0.0, Aqk.float()), ref.Aqk),
             "Akk": reference.relative_error(Akk, ref.Akk)}
-    return errs, "fla"
+    return errs
 
 
 def chunk_positions(T, cu=None):
@@ -101,30 +111,28 @@ def chunk_upper_mask(T, cu=None):
     return torch.arange(64, device="cuda")[None, :] > chunk_positions(T, cu)[:, None]
 
 
-@pytest.mark.parametrize("beta", ["bf16", "fp32"])
-@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-def test_accuracy_against_fp64_and_fla(seed, beta, varlen):
-    lengths = [1, 63, 64, 65, 127, 700, 1000] if varlen else None
+def accuracy_case(beta, varlen):
+    """(inputs, cu_seqlens, kdajit's outputs, fp64 reference) of the accuracy tests."""
     if varlen:
+        lengths = [1, 63, 64, 65, 127, 700, 1000]
         cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
-        x = reference.make_inputs(1, sum(lengths), 4, beta_dtype=BETA[beta], cu_seqlens=cu, device="cuda")
+        x = reference.make_inputs(1, sum(lengths), 4, beta_dtype=BETA_TORCH_DTYPES[beta], cu_seqlens=cu,
+                                  device="cuda")
     else:
         cu = None
-        x = reference.make_inputs(2, 1024, 4, beta_dtype=BETA[beta], device="cuda")
+        x = reference.make_inputs(2, 1024, 4, beta_dtype=BETA_TORCH_DTYPES[beta], device="cuda")
     out = run(x, cu)
     ref = reference.forward_reference(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=True)
-    baseline, source = fla_errors(x, ref, cu)
-    report = []
+    return x, cu, out, ref
+
+
+@pytest.mark.parametrize("beta", BETA_DTYPES)
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_accuracy_against_fp64_and_exact_structure(seed, beta, varlen):
+    x, cu, out, ref = accuracy_case(beta, varlen)
     for name in OUTPUTS:
-        ours = reference.relative_error(getattr(out, name), getattr(ref, name))
-        theirs = baseline.get(name)
-        report.append(f"{name}: kdajit {ours:.3e} vs {source} {theirs if theirs is None else f'{theirs:.3e}'}")
-        assert ours < 1e-2, report[-1]
-        if theirs is not None:
-            # Both sides are dominated by the final bf16 rounding; 2% absorbs the draw-to-draw spread of
-            # two near-equal errors (measured ratios are in docs/numerics.md).
-            assert ours <= theirs * 1.02, "\n".join(report)
-    print("\n".join(report))
+        err = reference.relative_error(getattr(out, name), getattr(ref, name))
+        assert err < 1e-2, f"{name}: relative error {err:.3e} against fp64"
     # Exact structure: Aqk zero above the diagonal, Akk unit lower triangular.
     T = x["q"].shape[1]
     upper = chunk_upper_mask(T, cu)[None, :, None, :].expand_as(out.Aqk)
@@ -132,6 +140,21 @@ def test_accuracy_against_fp64_and_fla(seed, beta, varlen):
     diag = diag.expand_as(out.Akk)
     assert (out.Aqk[upper] == 0).all() and (out.Akk[upper] == 0).all()
     assert (out.Akk[diag] == 1).all()
+
+
+@pytest.mark.parametrize("beta", BETA_DTYPES)
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_accuracy_within_contract_factor_of_fla(seed, beta, varlen):
+    fla_intra = fla_intra_or_skip()
+    x, cu, out, ref = accuracy_case(beta, varlen)
+    theirs = fla_errors(fla_intra, x, ref, cu)
+    ours = {name: reference.relative_error(getattr(out, name), getattr(ref, name)) for name in OUTPUTS}
+    report = "\n".join(f"{name}: kdajit {ours[name]:.3e} vs FLA {theirs[name]:.3e}" for name in OUTPUTS)
+    print(report)
+    # Both sides are dominated by the final bf16 rounding; 2% absorbs the draw-to-draw spread of two
+    # near-equal errors (measured ratios are in docs/numerics.md).
+    worse = [name for name in OUTPUTS if ours[name] > theirs[name] * FLA_ERROR_FACTOR]
+    assert not worse, f"above {FLA_ERROR_FACTOR} x FLA's error: {worse}\n{report}"
 
 
 def test_run_to_run_bitwise(seed):
@@ -151,9 +174,9 @@ def test_forward_equals_intra_then_recompute(seed):
     assert_bitwise(full, without_qg, "output_qg=False")
 
 
-@pytest.mark.parametrize("beta", ["bf16", "fp32"])
+@pytest.mark.parametrize("beta", BETA_DTYPES)
 def test_equal_length_equals_packed(seed, beta):
-    x = reference.make_inputs(3, 200, 4, beta_dtype=BETA[beta], device="cuda")
+    x = reference.make_inputs(3, 200, 4, beta_dtype=BETA_TORCH_DTYPES[beta], device="cuda")
     dense = run(x)
     packed, cu = pack(x)
     varlen = run(packed, cu)
@@ -187,13 +210,52 @@ def test_empty_sequences_and_tiny_batch(seed):
         assert reference.relative_error(getattr(out, name), getattr(ref, name)) < 1e-2, name
 
 
-def test_runtime_shapes_never_recompile(seed):
-    from kdajit import cache
+# Run in a fresh process, so its first forward must fetch (compile or load) every kernel it runs: that
+# proves the counters see fetches, and then new B, T, H (and N, T with cu_seqlens) must cause none.
+_SHAPES_CHILD = r"""
+import json
+import torch
+import kdajit
+from kdajit import compiler, reference
 
-    run(reference.make_inputs(1, 64, 1, device="cuda"))
-    before = cache.stats()
-    for B, T, H in ((3, 100, 2), (1, 4097, 7), (2, 1, 16)):
-        run(reference.make_inputs(B, T, H, device="cuda"))
-    after = cache.stats()
-    assert after["kernels_in_memory"] == before["kernels_in_memory"]
-    assert (after["compiles"], after["disk_hits"]) == (before["compiles"], before["disk_hits"])
+fetches = {"compile_key": 0, "load_object": 0}
+
+
+def counted(name):
+    real = getattr(compiler, name)
+
+    def wrapper(*args, **kwargs):
+        fetches[name] += 1
+        return real(*args, **kwargs)
+    return wrapper
+
+
+for name in fetches:
+    setattr(compiler, name, counted(name))
+
+
+def run(B, T, H, lengths=None):
+    cu = None if lengths is None else torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
+    x = reference.make_inputs(B, T, H, cu_seqlens=cu, device="cuda")
+    kdajit.forward(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=True)
+    torch.cuda.synchronize()
+
+
+run(1, 64, 1)
+run(1, 64, 1, [64])
+first = dict(fetches)
+for B, T, H in ((3, 100, 2), (1, 4097, 7), (2, 1, 16)):
+    run(B, T, H)
+for lengths, H in (([1, 63, 200], 3), ([5] * 40, 2), ([0, 4097], 9)):
+    run(1, sum(lengths), H, lengths)
+print(json.dumps({"first": first, "later": {n: fetches[n] - first[n] for n in fetches}}))
+"""
+
+
+def test_runtime_shapes_never_recompile():
+    proc = subprocess.run([sys.executable, "-c", _SHAPES_CHILD], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sum(counts["first"].values()) > 0, f"the counters saw no kernel fetch on a fresh process: {counts}"
+    assert counts["later"] == {"compile_key": 0, "load_object": 0}, \
+        f"new runtime shapes fetched kernels (compiles, disk loads): {counts}"

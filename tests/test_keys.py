@@ -3,7 +3,9 @@ import dataclasses
 
 import pytest
 
-from kdajit.keys import (AkkInverseKey, ForwardSpec, IntraKey, KernelConfig, RecomputeWUKey, key_from_json)
+from kdajit.keys import (BETA_DTYPES, AkkInverseKey, ForwardSpec, IntraKey, KernelConfig, RecomputeWUKey,
+                         key_from_json)
+from kdajit.outputs import BETA_TORCH_DTYPES
 
 SPEC = ForwardSpec("bf16", "cu32", 128, 128, 64, False, "sm_90a")
 # Another legal value for every field, used to check that each one reaches the key.
@@ -65,3 +67,9 @@ def test_invalid_spec_is_refused(field, value, words):
 def test_unknown_template_is_refused():
     with pytest.raises(ValueError, match="template='gemm' is not a kdajit kernel"):
         key_from_json({"template": "gemm"})
+
+
+def test_one_beta_dtype_vocabulary():
+    # The torch-side map names exactly the beta dtypes the keys accept, distinct dtypes for distinct names.
+    assert tuple(BETA_TORCH_DTYPES) == BETA_DTYPES
+    assert len(set(BETA_TORCH_DTYPES.values())) == len(BETA_DTYPES)

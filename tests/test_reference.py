@@ -13,12 +13,16 @@ puts it in the assertion messages; set REFERENCE_TEST_SEED=<seed> to replay a fa
 """
 from __future__ import annotations
 
+import ast
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
+import kdajit
+from kdajit import outputs, reference
 from kdajit.reference import (
     RCP_LN2,
     ForwardOutput,
@@ -359,3 +363,14 @@ def test_relative_error():
     assert math.isnan(relative_error(torch.tensor([math.nan, 4.0]), ref))
     assert relative_error(torch.zeros(2), torch.zeros(2)) == 0.0
     assert relative_error(ref.to(torch.bfloat16), ref.double()) == 0.0
+
+
+def test_reference_does_not_import_the_api():
+    # The reference checks the API; importing it from the API would tie the two (kdajit.outputs is the leaf).
+    tree = ast.parse(Path(reference.__file__).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+    assert not {m for m in imported if m and m.startswith(("kdajit.api", "kdajit.cache", "kdajit.compiler"))}
+    tree = ast.parse(Path(outputs.__file__).read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("kdajit")]
+    assert ForwardOutput is kdajit.ForwardOutput is kdajit.api.ForwardOutput is outputs.ForwardOutput

@@ -1,50 +1,81 @@
-"""Compile-only tier: every template specialization cross-compiles for sm_90a without a GPU.
+"""Compile-only tier: every template specialization cross-compiles, for every arch, without a GPU.
 
-Each case traces and compiles the real kernel (1-3 s each on 2 cores), so a template that stops compiling,
-or that stops accepting a key it is meant to implement, fails here before it reaches a GPU. sm_80 and
-sm_100a (the portable path of these first kernels) are covered by one specialization per template.
+Each case traces and compiles the real kernel (2-6 s each on 2 cores), exports it as the cache would,
+and checks the object: an ELF file whose embedded cubins are all for the key's arch, and that loads
+into a callable through its exported symbol. A template that stops compiling, that ignores the
+key's arch, or that stops accepting a key it is meant to implement fails here before it reaches a GPU.
+
+The sweep is every ForwardSpec of kdajit.keys' value lists on every arch. By default only its fast
+tier runs (each template's reference key plus a sample covering every field value; tests/tiers.py);
+`python -m pytest -q --full` compiles all of it.
 """
 import dataclasses
+import itertools
 import os
+import struct
 
 import pytest
+import tiers
 
-from kdajit import compiler
-from kdajit.keys import BETA_DTYPES, VARLEN_MODES, ForwardSpec, KernelConfig
+from kdajit import compiler, keys
+from kdajit.keys import ForwardSpec, KernelConfig
 
-SPECS = [ForwardSpec(beta, varlen, 128, 128, 64, qg, "sm_90a")
-         for beta in BETA_DTYPES for varlen in VARLEN_MODES for qg in (False, True)]
-KEYS = sorted({key for spec in SPECS for key in spec.kernel_keys()}, key=lambda k: k.canonical())
-OTHER_ARCH_KEYS = [dataclasses.replace(key, arch=arch) for arch in ("sm_80", "sm_100a")
-                   for key in ForwardSpec("fp32", "cu64", 128, 128, 64, True, arch).kernel_keys()]
+SPECS = [ForwardSpec(*values) for values in itertools.product(
+    keys.BETA_DTYPES, keys.VARLEN_MODES, keys.HEAD_DIMS, keys.HEAD_DIMS, keys.CHUNK_SIZES, (False, True), keys.ARCHS)]
+KEYS = sorted({key for spec in SPECS for key in spec.kernel_keys()}, key=lambda k: (k.arch != "sm_90a", k.canonical()))
+# Each template's reference configuration: the reference spec (the demo's) on the reference arch.
+REFERENCE = ForwardSpec("bf16", "cu32", 128, 128, 64, True, "sm_90a").kernel_keys()
 
-
-def test_key_set_is_complete():
-    # 2 beta x 3 varlen intra, 3 varlen inverse, 2 beta x 3 varlen x 2 qg recompute.
-    assert len(KEYS) == 6 + 3 + 12
+_EM_CUDA = 190  # e_machine of a CUDA cubin
 
 
-@pytest.mark.parametrize("key", KEYS + OTHER_ARCH_KEYS, ids=lambda k: f"{k.arch}-{k.spec_slug()}")
-def test_template_compiles(key):
-    compiled = compiler.compile_key(key)
-    assert compiled.kdajit_compile_s > 0
-    assert callable(compiler.callable_of(compiled)) or key.arch != "sm_90a"
+def cubin_archs(obj: bytes) -> list[str]:
+    """The SM arch of every cubin embedded in a host object, from the cubin ELF headers.
+
+    NVIDIA's e_flags: ELF ABI version 7 keeps the SM number in bits 0-7 and the arch-specific ("a")
+    feature flag at 0x800; version 8 (sm_100 and later) keeps the SM in bits 8-15 and the flag at 0x8.
+    """
+    found, at = [], obj.find(b"\x7fELF", 1)
+    while at >= 0:
+        machine, = struct.unpack_from("<H", obj, at + 18)
+        if obj[at + 4] == 2 and machine == _EM_CUDA:  # 64-bit ELF for CUDA
+            flags, = struct.unpack_from("<I", obj, at + 48)
+            sm, accel = (flags & 0xFF, flags & 0x800) if obj[at + 8] < 8 else ((flags >> 8) & 0xFF, flags & 0x8)
+            found.append(f"sm_{sm}{'a' if accel else ''}")
+        at = obj.find(b"\x7fELF", at + 4)
+    return found
 
 
-@pytest.mark.parametrize("template", ["intra", "akk_inverse", "recompute_wu"])
+def test_sweep_covers_every_template_and_arch():
+    assert {k.TEMPLATE for k in KEYS} == set(keys.KEY_TYPES)
+    assert {k.arch for k in KEYS} == set(keys.ARCHS)
+    # The fast tier compiles every value of every field of every template at least once.
+    fast = tiers.fast_tier(KEYS, REFERENCE)
+    assert set(REFERENCE) <= set(fast) and len(fast) < len(KEYS)
+    for template in keys.KEY_TYPES:
+        ours = [k for k in KEYS if k.TEMPLATE == template]
+        for field in dataclasses.fields(ours[0]):
+            values = {getattr(k, field.name) for k in ours}
+            assert values == {getattr(k, field.name) for k in fast if k.TEMPLATE == template}, (template, field)
+
+
+@pytest.mark.parametrize("key", tiers.tiered(KEYS, REFERENCE, ids=lambda k: f"{k.arch}-{k.spec_slug()}"))
+def test_template_compiles(key, tmp_path):
+    path = os.fspath(tmp_path / "kernel.o")
+    compiler.export_object(compiler.compile_key(key), path)
+    with open(path, "rb") as f:
+        obj = f.read()
+    assert obj[:4] == b"\x7fELF" and len(obj) > 10_000, f"{len(obj)} bytes"
+    archs = cubin_archs(obj)
+    assert archs and set(archs) == {key.arch}, f"cubins for {archs}, key arch {key.arch}"
+    assert callable(compiler.load_object(path))
+
+
+@pytest.mark.parametrize("template", sorted(keys.KEY_TYPES))
 def test_templates_refuse_configs_they_do_not_implement(template):
-    key = next(k for k in SPECS[0].kernel_keys() if k.TEMPLATE == template)
+    key = next(k for k in KEYS if k.TEMPLATE == template)
     assert compiler.template_class(key).can_implement(key)
     bad = dataclasses.replace(key, config=KernelConfig(warps=8))
     assert not compiler.template_class(bad).can_implement(bad)
     with pytest.raises(ValueError, match="cannot implement"):
         compiler.compile_key(bad)
-
-
-def test_object_round_trip(tmp_path):
-    key = ForwardSpec("bf16", "dense", 128, 128, 64, True, "sm_90a").recompute_key()
-    path = os.fspath(tmp_path / "kernel.o")
-    compiler.export_object(compiler.compile_key(key), path)
-    assert os.path.getsize(path) > 10_000
-    fn = compiler.load_object(path)
-    assert callable(fn)

@@ -1,0 +1,26 @@
+"""The torch-side vocabulary shared by the API and the reference: the output tuple and the beta dtypes.
+
+A leaf module (it imports only torch), so `kdajit.reference` builds outputs without importing the
+API, and every torch-side user of the beta dtype names (validation, the demo, the tests) reads them
+from one map.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class ForwardOutput(NamedTuple):
+    """Outputs of `forward` (bf16) and of `kdajit.reference` (fp64/fp32); `qg` is None unless requested."""
+
+    Aqk: torch.Tensor
+    Akk: torch.Tensor
+    w: torch.Tensor
+    u: torch.Tensor
+    kg: torch.Tensor
+    qg: torch.Tensor | None
+
+
+# The torch dtype of each beta dtype name of kdajit.keys.BETA_DTYPES (the names keys and the CLI use).
+BETA_TORCH_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp32": torch.float32}
