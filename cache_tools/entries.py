@@ -22,31 +22,15 @@ class Entry:
     """One entry directory as found on disk (not verified: see `cache_entry.check_entry`)."""
 
     root: Path
-    where: cache_layout.EntryPath
+    relpath: str
+    arch: str
+    toolchain: str
+    spec: str
+    config: str
     meta: dict | None
     size: int
     last_used: float  # mtime of meta.json (touched on each process's first load)
     current: bool
-
-    @property
-    def relpath(self) -> str:
-        return self.where.relpath
-
-    @property
-    def arch(self) -> str:
-        return self.where.arch
-
-    @property
-    def toolchain(self) -> str:
-        return self.where.toolchain
-
-    @property
-    def spec(self) -> str:
-        return self.where.spec
-
-    @property
-    def config(self) -> str:
-        return self.where.config
 
     @property
     def path(self) -> Path:
@@ -77,8 +61,8 @@ def iter_entries(root: Path, current_fp: str | None = None) -> Iterator[Entry]:
             last_used = os.lstat(entry_dir / cache_layout.META).st_mtime
         except OSError:
             last_used = 0.0
-        yield Entry(root, where, read_json_file(entry_dir / cache_layout.META), size, last_used,
-                    where.toolchain == current_fp)
+        yield Entry(root, where.relpath, where.arch, where.toolchain, where.spec, where.config,
+                    read_json_file(entry_dir / cache_layout.META), size, last_used, where.toolchain == current_fp)
 
 
 def select_entries(root: Path, archs: list[str] | None = None, spec: str | None = None,

@@ -230,6 +230,7 @@ def test_damaged_entries_are_quarantined_and_rebuilt(copy, tmp_path):
     assert (s["compiles"], s["quarantined"], s["disk_hits"], s["disk_errors"]) == (4, 4, 0, 0), report
     assert all(r["ok"] for r in report["results"])
     assert sum("moved to" in w for w in report["warnings"]) == 4
+    assert report["stderr"].count("kdajit: compiling") == 1  # said once per process, not per kernel
     reasons = sorted(json.loads((q / "reason.json").read_text())["reason"]
                      for q in (copy / cache_layout.QUARANTINE).iterdir())
     assert len(reasons) == 4
@@ -283,6 +284,22 @@ def test_unusable_root_degrades_to_memory(tmp_path):
     s = report["stats"]
     assert (s["compiles"], s["disk_hits"]) == (1, 0) and s["disk_errors"] >= 1 and report["results"][0]["ok"]
     assert any("using in-memory kernels" in w for w in report["warnings"])
+
+
+def test_a_first_call_that_compiles_says_so_once_with_the_command_that_avoids_it(tmp_path):
+    root = tmp_path / "cache"
+    report = ch.lookup([ch.COLD_KEY], ch.child_env(root, tmp_path / "locks"))
+    assert report["stats"]["compiles"] == 1
+    notes = [line for line in report["stderr"].splitlines() if "kdajit: compiling" in line]
+    assert len(notes) == 1 and "about 10 s each" in notes[0], report["stderr"]
+    command = shlex.split(notes[0].split("run: ", 1)[1])
+    fix = ch.kdajit_cli(command[1:] + ["--json", "--no-progress"], ch.child_env(None, tmp_path / "locks"))
+    assert fix.returncode == 0 and json.loads(fix.stdout)["present"] == 1, fix.stdout + fix.stderr
+    code = "import logging, sys; logging.basicConfig(stream=sys.stdout); " \
+           "from kdajit import cache, keys; cache.get_kernel(keys.key_from_json(%r))" % ch.COLD_KEY
+    proc = subprocess.run([ch.PY, "-c", code], env=ch.child_env(tmp_path / "other", tmp_path / "locks"),
+                          capture_output=True, text=True, timeout=300, cwd="/")
+    assert proc.returncode == 0 and "WARNING:kdajit:kdajit: compiling 1 kernel(s)" in proc.stdout  # via logging
 
 
 # -- KDAJIT_DISABLE_JIT ------------------------------------------------------------------------

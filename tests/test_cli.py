@@ -11,6 +11,7 @@ import io
 import json
 import os
 import socket
+import subprocess
 import stat
 import tarfile
 import time
@@ -326,3 +327,100 @@ def test_python_dash_m_kdajit(copy, tmp_path):
     proc = ch.kdajit_cli(["--help"], env)
     assert proc.returncode == 0 and all(v in proc.stdout for v in ("precompile", "cache", "env", "demo"))
     assert ch.kdajit_cli(["cache", "frobnicate"], env).returncode == 2
+
+
+# -- first-run and error messages (issue 7, item 7) --------------------------------------------
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_fits_80_columns_and_redraws_in_place_only_on_a_terminal():
+    from kdajit.cache_tools import precompile
+    from kdajit.keys import ForwardSpec
+
+    keys = ForwardSpec("fp32", "cu64", 128, 128, 64, True, "sm_100a").kernel_keys()
+    results = [{"status": "compiled"}, {"status": "present"}, {"status": "failed", "error": "boom"}]
+    tty = _Terminal()
+    bar = precompile.Progress(len(keys), True, tty)
+    bar.start(2, 2)
+    started = tty.getvalue()
+    for key, r in zip(keys, results, strict=True):
+        bar.update(key, r)
+    assert started.startswith("precompile: 3 kernels, 1 present; compiling 2 with 2 worker(s)")
+    redraws = tty.getvalue()[len(started):]
+    frames = [f for f in redraws.split("\r") if f]
+    assert len(frames) == 3 and all(len(line) <= 79 for f in frames for line in f.split("\n"))
+    assert redraws.endswith("\n") and "3/3" in frames[-1] and "failed: boom" in redraws
+    plain = io.StringIO()
+    bar = precompile.Progress(len(keys), True, plain)
+    for key, r in zip(keys, results, strict=True):
+        bar.update(key, r)
+    lines = plain.getvalue().splitlines()
+    assert "\r" not in plain.getvalue() and [line.split()[:2] for line in lines if not line.startswith("  ")] == [
+        ["1/3", "compiled"], ["2/3", "present"], ["3/3", "failed"]]
+
+
+def test_precompile_prints_before_the_workers_start(tmp_path, capsys, monkeypatch):
+    from kdajit.cache_tools import precompile
+    from kdajit.keys import AkkInverseKey
+
+    seen = []
+    monkeypatch.setattr(precompile, "_run_pool", lambda *a: seen.append(capsys.readouterr().err))
+    precompile.precompile([AkkInverseKey("dense", 64, "sm_90a")], tmp_path / "c", 1)
+    assert seen and "compiling 1 with 1 worker(s)" in seen[0]
+
+
+def test_cache_dir_that_is_a_file_is_a_clear_error(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for argv in (["cache", "ls"], ["precompile", "--only", "akk_inverse", "--dry-run"]):
+        rc, _, err = kd(capsys, *argv, "--cache-dir", blocker)
+        assert rc == 2 and f"{blocker} is a file, not a directory" in err
+
+
+def test_missing_roots_are_reported_not_listed_as_empty(tmp_path, capsys):
+    for verb in ("ls", "verify"):
+        rc, out, err = kd(capsys, "cache", verb, "--cache-dir", tmp_path / "typo")
+        assert rc == 2 and "does not exist" in err and "0 entries" not in out
+
+
+def test_why_an_unsupported_key_prints_no_failing_fix(copy, capsys):
+    rc, out, _ = kd(capsys, "cache", "why", "akk_inverse.varlen-dense.chunk-32@sm_90a", "--cache-dir", copy)
+    assert rc == 1 and "unsupported: akk_inverse: chunk=32 is not supported" in out and "fix:" not in out
+    doc = kd_json(capsys, "cache", "why", "akk_inverse.varlen-dense.chunk-64@sm_90a", "--config", "warps=3",
+                  "--cache-dir", copy, rc=1)
+    assert doc["status"] == "unsupported" and "fix" not in doc
+
+
+def test_export_to_a_missing_folder_names_it(copy, tmp_path, capsys):
+    rc, _, err = kd(capsys, "cache", "export", tmp_path / "no" / "b.tar", "--cache-dir", copy)
+    assert rc == 2 and f"the folder {tmp_path / 'no'} does not exist" in err
+
+
+def test_import_into_a_read_only_place_is_one_clear_error(copy, tmp_path, capsys):
+    bundle = tmp_path / "b.tar"
+    kd(capsys, "cache", "export", bundle, "--cache-dir", copy)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    wrapper = ch.read_only_wrapper(ro)
+    if wrapper is None:
+        pytest.skip("running as root without mount privileges: cannot make a read-only directory")
+    if not wrapper:
+        ro.chmod(0o555)
+    proc = subprocess.run(wrapper + [ch.PY, "-m", "kdajit", "cache", "import", str(bundle), "--trust-unpinned-bundle",
+                                     "--cache-dir", str(ro / "cache")],
+                          env=ch.child_env(None), capture_output=True, text=True, timeout=120, cwd="/")
+    ro.chmod(0o700)
+    assert proc.returncode == 1 and proc.stdout == "", proc.stdout
+    assert proc.stderr.count("error") == 1 and f"cannot import into {ro / 'cache'}" in proc.stderr, proc.stderr
+    assert "toolchain" not in proc.stderr
+
+
+def test_help_documents_arch_and_the_key_format(capsys):
+    for argv, words in ((["cache", "ls", "--help"], "SM archs"), (["cache", "verify", "--help"], "SM archs"),
+                        (["cache", "show", "--help"], "@arch"), (["cache", "why", "--help"], "@arch"),
+                        (["cache", "import", "--help"], "WILL RUN")):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        assert words in capsys.readouterr().out, argv
