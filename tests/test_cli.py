@@ -20,7 +20,7 @@ from pathlib import Path
 import cache_helpers as ch
 import pytest
 
-from kdajit import cache, cache_entry, cache_layout, cache_toolchain, cli
+from kdajit import cache_layout, cache_toolchain, cli
 
 
 def kd(capsys, *argv: str) -> tuple[int, str, str]:
