@@ -7,7 +7,8 @@ import platform
 import sys
 from pathlib import Path
 
-from kdajit import cache, compiler, env
+from kdajit import cache_locks, compiler, env
+from kdajit.cache_toolchain import toolchain_components, toolchain_fingerprint
 
 _NETWORK_FS = ("nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "fuse.sshfs", "beegfs", "ceph", "fuse.ceph")
 
@@ -46,20 +47,20 @@ def report(root: Path | None) -> dict:
         arch, arch_error = compiler.current_arch(), None
     except Exception as e:  # noqa: BLE001 - reported
         arch, arch_error = None, str(e)
-    lock_dir = cache.usable_lock_dir(root)
-    components = cache.toolchain_components()
+    lock_dir, refused = cache_locks.usable_lock_dir(root)
+    components = toolchain_components()
     return {
         "kdajit": components["kdajit"],
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cache": {"mode": env.cache_mode(), "root": _dir_state(root),
                   "root_source": "KDAJIT_CACHE_DIR" if env.cache_dir() else "platformdirs user cache dir"},
-        "locks": {**_dir_state(lock_dir), "timeout_s": env.lock_timeout_s()},
+        "locks": {**_dir_state(lock_dir), "timeout_s": env.lock_timeout_s(), "refused": refused},
         "disable_jit": env.disable_jit(),
         "force_recompile": env.force_recompile(),
         "arch": arch, "arch_error": arch_error,
         "arch_source": "KDAJIT_ARCH" if env.snapshot().get("KDAJIT_ARCH") else "CUDA device (sm_90a without one)",
-        "toolchain": {"fingerprint": cache.toolchain_fingerprint(), "components": components},
+        "toolchain": {"fingerprint": toolchain_fingerprint(), "components": components},
         "environment": env.snapshot(),
     }
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kdajit.cache_tools import store
-
-from kdajit import cache
-from kdajit.keys import key_from_json
+from kdajit import cache_layout, hints
+from kdajit.cache import describe
+from kdajit.cache_entry import EntryCheck, check_entry, read_json_file
+from kdajit.cache_publish import quarantine_entry
+from kdajit.cache_toolchain import toolchain_components, toolchain_fingerprint
+from kdajit.cache_tools import keyspec
+from kdajit.cache_tools.entries import Entry, existing_root, iter_entries, read_toolchain, select_entries
+from kdajit.cache_tools.units import human_size, short_time
 
 
 def _print_table(rows: list[list[str]], header: list[str]) -> None:
@@ -16,76 +20,55 @@ def _print_table(rows: list[list[str]], header: list[str]) -> None:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
 
 
-def _toolchain_label(e: store.Entry) -> str:
+def _toolchain_label(e: Entry) -> str:
     return "current" if e.current else f"stale tc-{e.toolchain[:8]}"
 
 
-def select_entries(root: Path, archs: list[str] | None = None, spec: str | None = None,
-                   toolchain: str = "all") -> list[store.Entry]:
-    """Entries filtered by arch, spec substring and toolchain ("all", "current" or "stale")."""
-    out = []
-    for e in store.iter_entries(root):
-        if archs and e.arch not in archs:
-            continue
-        if spec and spec not in e.spec and spec not in e.relpath:
-            continue
-        if toolchain == "current" and not e.current or toolchain == "stale" and e.current:
-            continue
-        out.append(e)
-    return out
-
-
 def ls(root: Path, archs: list[str] | None, spec: str | None, toolchain: str, as_json: bool) -> int:
-    entries = select_entries(root, archs, spec, toolchain)
-    fp = cache.toolchain_fingerprint()
+    entries = select_entries(existing_root(root, "ls"), archs, spec, toolchain)
+    fp = toolchain_fingerprint()
     if as_json:
         print(json.dumps({"root": str(root), "toolchain": fp, "entries": [e.as_json() for e in entries]}, indent=1))
         return 0
     rows = [[e.arch, _toolchain_label(e), e.spec if e.meta else f"{e.spec} (no valid meta.json)", e.config,
-             store.human_size(e.size), store.short_time(e.created), store.short_time(e.last_used)]
+             human_size(e.size), short_time(e.created), short_time(e.last_used)]
             for e in sorted(entries, key=lambda e: (e.arch, not e.current, e.spec, e.config))]
     if rows:
         _print_table(rows, ["ARCH", "TOOLCHAIN", "SPEC", "CONFIG", "SIZE", "CREATED", "LAST USED"])
     total = sum(e.size for e in entries)
-    print(f"{len(entries)} entries, {store.human_size(total)} under {root} (current toolchain tc-{fp})")
+    print(f"{len(entries)} entries, {human_size(total)} under {root} (current toolchain tc-{fp})")
     return 0
 
 
 def _resolve_target(root: Path, target: str, arch: str | None, config) -> tuple[str, object | None]:
-    """(relpath, key or None) for a `show`/`why` target: an entry path or a key."""
-    p = Path(target)
-    for candidate in (p, root / target):
-        if "/kernels/" in candidate.as_posix() and candidate.is_dir():
+    """(relpath, key or None) for a `show`/`why` target: an entry path or a KEY."""
+    for candidate in (Path(target), root / target):
+        if candidate.is_dir():
             try:
-                return candidate.absolute().relative_to(root.absolute()).as_posix(), None
+                relpath = candidate.absolute().relative_to(root.absolute()).as_posix()
             except ValueError:
                 raise ValueError(f"{target} is not under the cache root {root}") from None
-    from kdajit.cache_tools import keyspec
-
+            return cache_layout.parse_entry_relpath(relpath).relpath, None
     key = keyspec.parse_key(target, arch=arch, config=config)
-    return cache.entry_relpath(key), key
+    return cache_layout.entry_relpath(key, toolchain_fingerprint()), key
 
 
 def show(root: Path, target: str, arch: str | None, config, as_json: bool) -> int:
-    relpath, key = _resolve_target(root, target, arch, config)
-    parts = relpath.split("/")
-    fp = parts[2][3:] if len(parts) > 2 and parts[2].startswith("tc-") else None
-    check = cache.check_entry(root, relpath, expect_key=key, expect_fp=fp)
-    components = store.read_toolchain(root / "/".join(parts[:3])) if fp else None
+    relpath, key = _resolve_target(existing_root(root, "show"), target, arch, config)
+    where = cache_layout.parse_entry_relpath(relpath)
+    check = check_entry(root, relpath, expect_key=key, expect_fp=where.toolchain)
     doc = {"path": str(root / relpath), "relpath": relpath, "status": check.status, "reason": check.reason,
-           "toolchain": fp, "toolchain_current": fp == cache.toolchain_fingerprint(), "meta": check.meta,
-           "toolchain_components": components}
+           "toolchain": where.toolchain, "toolchain_current": where.toolchain == toolchain_fingerprint(),
+           "meta": check.meta, "toolchain_components": read_toolchain(root, where.arch, where.toolchain)}
     if check.meta is None and check.status != "missing":
-        try:
-            doc["meta_raw"] = (root / relpath / cache.META).read_text(errors="replace")[:4000]
-        except OSError:
-            pass
+        raw = read_json_file(root / relpath / cache_layout.META)
+        doc["meta_raw"] = json.dumps(raw)[:4000] if raw is not None else "(not a small JSON object)"
     if as_json:
         print(json.dumps(doc, indent=1))
     else:
         print(f"entry:     {doc['path']}")
         print(f"status:    {check.status}" + (f" ({check.reason})" if check.reason else ""))
-        print(f"toolchain: tc-{fp} ({'current' if doc['toolchain_current'] else 'stale'})")
+        print(f"toolchain: tc-{where.toolchain} ({'current' if doc['toolchain_current'] else 'stale'})")
         if check.status == "missing":
             print("not cached; `kdajit cache why` explains what differs from the nearest entries")
         if check.meta:
@@ -119,7 +102,7 @@ def _diff_components(theirs: dict | None, ours: dict) -> dict:
     return out
 
 
-def _differences(entry: store.Entry, key, fp: str, components: dict, tc_cache: dict) -> list[dict]:
+def _differences(entry: Entry, key, fp: str, components: dict, tc_cache: dict) -> list[dict]:
     diffs = []
     meta_key = entry.meta.get("key") if entry.meta else None
     if not isinstance(meta_key, dict):
@@ -134,16 +117,18 @@ def _differences(entry: store.Entry, key, fp: str, components: dict, tc_cache: d
             continue
         if meta_key.get(name) != wanted.get(name):
             diffs.append({"part": "spec", "field": name, "entry": meta_key.get(name), "now": wanted.get(name)})
-    their_cfg, our_cfg = meta_key.get("config") or {}, wanted["config"]
+    their_cfg, our_cfg = meta_key.get("config"), wanted["config"]
+    if not isinstance(their_cfg, dict):
+        their_cfg = {"(unreadable)": their_cfg}
     for name in sorted(set(their_cfg) | set(our_cfg)):
         if their_cfg.get(name) != our_cfg.get(name):
             diffs.append({"part": "config", "field": name, "entry": their_cfg.get(name), "now": our_cfg.get(name)})
     if entry.toolchain != fp:
-        tc_dir = entry.root / cache.LAYOUT / entry.arch / f"tc-{entry.toolchain}"
-        if tc_dir not in tc_cache:
-            tc_cache[tc_dir] = store.read_toolchain(tc_dir)
+        tc = (entry.arch, entry.toolchain)
+        if tc not in tc_cache:
+            tc_cache[tc] = read_toolchain(entry.root, *tc)
         diffs.append({"part": "toolchain", "entry": f"tc-{entry.toolchain}", "now": f"tc-{fp}",
-                      "components": _diff_components(tc_cache[tc_dir], components)})
+                      "components": _diff_components(tc_cache[tc], components)})
     return diffs
 
 
@@ -166,31 +151,36 @@ def _format_diff(d: dict) -> str:
 
 def why(root: Path, target: str, arch: str | None, config, as_json: bool, limit: int = 3) -> int:
     """Explain a lookup: hit, present-but-rejected (and why), or miss with the nearest entries."""
-    from kdajit.cache_tools import keyspec
-
     key = keyspec.parse_key(target, arch=arch, config=config)
-    fp = cache.toolchain_fingerprint()
-    relpath = cache.entry_relpath(key, fp)
-    check = cache.check_entry(root, relpath, expect_key=key, expect_fp=fp)
+    existing_root(root, "why")
+    fp = toolchain_fingerprint()
+    relpath = cache_layout.entry_relpath(key, fp)
+    check = check_entry(root, relpath, expect_key=key, expect_fp=fp)
     doc = {"key": key.to_json(), "spec": key.spec_slug(), "relpath": relpath, "root": str(root),
            "toolchain": fp, "status": {"ok": "hit", "missing": "miss"}.get(check.status, "rejected"),
            "reason": check.reason, "nearest": []}
-    if check.status == "missing":
-        components = cache.toolchain_components()
+    unsupported = keyspec.unsupported(key)
+    if unsupported:
+        doc["status"], doc["reason"] = "unsupported", unsupported
+    elif check.status == "missing":
+        components = toolchain_components()
         tc_cache: dict = {}
         scored = []
-        for e in store.iter_entries(root, fp):
+        for e in iter_entries(root, fp):
             diffs = _differences(e, key, fp, components, tc_cache)
             score = sum(_WEIGHTS.get(d["part"], 50) for d in diffs)
             scored.append((score, e.relpath, diffs))
         scored.sort(key=lambda t: (t[0], t[1]))
         doc["nearest"] = [{"relpath": r, "score": s, "differences": d} for s, r, d in scored[:limit]]
-        doc["fix"] = cache.precompile_command(key, root)
+        doc["fix"] = hints.precompile_command([key], root)
     if as_json:
         print(json.dumps(doc, indent=1))
         return 0 if check.ok else 1
-    print(f"lookup:    {cache.describe(key)}")
+    print(f"lookup:    {describe(key)}")
     print(f"entry:     {root / relpath}")
+    if unsupported:
+        print(f"result:    unsupported: {unsupported}; no kernel can be built for this key")
+        return 1
     if check.ok:
         print("result:    hit (the entry verifies; a process with this environment loads it)")
         return 0
@@ -213,17 +203,17 @@ def why(root: Path, target: str, arch: str | None, config, as_json: bool, limit:
 def verify(root: Path, archs: list[str] | None, fix: bool, load: bool, as_json: bool) -> int:
     """Re-hash and re-parse every entry (each against its own toolchain); --fix quarantines bad ones."""
     results = []
-    for e in select_entries(root, archs):
-        check = cache.check_entry(root, e.relpath, expect_fp=e.toolchain)
+    for e in select_entries(existing_root(root, "verify"), archs):
+        check = check_entry(root, e.relpath, expect_fp=e.toolchain)
         if not e.current and (check.status == "foreign" or check.reason.startswith("meta.json: unknown key")):
             # Another kdajit version's entry: its keys may not parse or map the same way here. It is
             # unreachable from this version (and the version that owns it verifies it at load).
-            check = cache.EntryCheck("unknown", f"another kdajit version's entry? {check.reason}", check.meta)
+            check = EntryCheck("unknown", f"another kdajit version's entry? {check.reason}", check.meta)
         if check.ok and load and e.current:
-            check = _try_load(root, e)
+            check = _try_load(check)
         r = {"relpath": e.relpath, "status": check.status, "reason": check.reason, "moved_to": None}
         if check.bad and fix:
-            moved = cache.quarantine_entry(root, e.relpath, f"verify: {check.status}: {check.reason}")
+            moved = quarantine_entry(root, e.relpath, f"verify: {check.status}: {check.reason}")
             r["moved_to"] = str(moved) if moved else None
         results.append(r)
     bad = [r for r in results if r["status"] not in ("ok", "unknown")]
@@ -241,20 +231,12 @@ def verify(root: Path, archs: list[str] | None, fix: bool, load: bool, as_json: 
     return 1 if remaining else 0
 
 
-def _try_load(root: Path, e: store.Entry) -> cache.EntryCheck:
-    from kdajit import compiler
+def _try_load(check: EntryCheck) -> EntryCheck:
+    """`check`, or "corrupt" when its verified object does not load."""
+    from kdajit.cache_load import load_verified
 
     try:
-        compiler.load_object(str(e.path / cache.ARTIFACT))
-        return cache.EntryCheck("ok", meta=e.meta)
+        load_verified(check.artifact)
+        return check
     except Exception as exc:  # noqa: BLE001 - reported
-        return cache.EntryCheck("corrupt", f"load_module failed: {type(exc).__name__}: {exc}", e.meta)
-
-
-def key_of(entry: store.Entry):
-    """The entry's key from its meta (None if unreadable)."""
-    try:
-        return key_from_json(entry.meta["key"])
-    except (TypeError, KeyError, ValueError):
-        return None
-
+        return EntryCheck("corrupt", f"load_module failed: {type(exc).__name__}: {exc}", check.meta)

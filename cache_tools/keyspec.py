@@ -11,10 +11,13 @@ import dataclasses
 import itertools
 import json
 
+from kdajit import env
 from kdajit import keys as kkeys
 from kdajit.keys import ForwardSpec, KernelConfig, key_from_json
 
 QG_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
+_FIELD_CHOICES = {"beta_dtype": kkeys.BETA_DTYPES, "varlen": kkeys.VARLEN_MODES, "head_k": kkeys.HEAD_DIMS,
+                  "head_v": kkeys.HEAD_DIMS, "chunk": kkeys.CHUNK_SIZES, "arch": kkeys.ARCHS}
 
 
 def split_words(values: list[str] | None) -> list[str]:
@@ -121,3 +124,23 @@ def parse_key(text: str, arch: str | None = None, config: KernelConfig | None = 
 
         arch = compiler.current_arch()
     return cls(**values, arch=arch, config=config or KernelConfig())
+
+
+def unsupported(key) -> str | None:
+    """Why no kernel can be built for `key` (a field out of range, a config its template rejects), or None.
+
+    Asks the template itself (`can_implement`), which imports CuTe DSL once.
+    """
+    for f in dataclasses.fields(key):
+        allowed = _FIELD_CHOICES.get(f.name)
+        if allowed is not None and getattr(key, f.name) not in allowed:
+            return f"{key.TEMPLATE}: {f.name}={getattr(key, f.name)!r} is not supported; expected one of {allowed}"
+    from kdajit import compiler
+
+    env.prepare_cute_dsl(compiler.current_arch())
+    cls = compiler.template_class(key)
+    if not cls.can_implement(key):
+        config = ",".join(f"{k}={v}" for k, v in dataclasses.asdict(key.config).items())
+        return f"{key.TEMPLATE} ({cls.__name__}) cannot implement config {config}"
+    return None
+

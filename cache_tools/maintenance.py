@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
+import time
 from pathlib import Path
 
-from kdajit.cache_tools import store
-from kdajit.cache_tools.inspection import select_entries
-
-from kdajit import cache
+from kdajit import cache_layout
+from kdajit.cache_publish import makedirs_private
+from kdajit.cache_toolchain import toolchain_fingerprint
+from kdajit.cache_tools.entries import existing_root, iter_entries, select_entries
+from kdajit.cache_tools.units import human_size, short_time
 
 STAGING_MAX_AGE_S = 3600.0
 
@@ -33,51 +34,86 @@ def _orphan_staging(root: Path, now: float) -> list[Path]:
     """Staging directories (`<host>.<pid>.<rand>`) of dead builds on this host or, from other hosts,
     untouched for an hour; and trash left by an interrupted removal."""
     out = []
-    host = socket.gethostname()[:40]
-    for d in store.subdirs(root / cache.STAGING):
-        if d.name.startswith("trash."):
+    for d in cache_layout.subdirs(root / cache_layout.STAGING):
+        if cache_layout.is_trash(d.name):
             out.append(d)
             continue
-        parts = d.name.rsplit(".", 2)
+        owner = cache_layout.parse_staging_name(d.name)
         try:
             age = now - os.lstat(d).st_mtime
         except OSError:
             continue
-        if len(parts) == 3 and parts[0] == host and parts[1].isdigit():
-            if not _pid_alive(int(parts[1])):
+        if owner is not None and cache_layout.is_this_host(owner[0]):
+            if not _pid_alive(owner[1]):
                 out.append(d)
         elif age > STAGING_MAX_AGE_S:
             out.append(d)
     return out
 
 
+def tree_size(path: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def remove_tree(root: Path, path: Path) -> None:
+    """Delete `path`: first renamed out of the lookup path (so it vanishes atomically), then removed."""
+    try:
+        trash = makedirs_private(root, cache_layout.STAGING) / cache_layout.trash_name()
+        os.rename(path, trash)
+    except FileNotFoundError:
+        return
+    except OSError:
+        trash = path
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def remove_empty_parents(root: Path, path: Path) -> None:
+    """rmdir the now-empty spec / kernels / tc / arch directories above a removed entry."""
+    stop = root / cache_layout.LAYOUT
+    parent = path.parent
+    while parent != stop and stop in parent.parents:
+        try:
+            parent.rmdir()
+        except OSError:
+            return
+        parent = parent.parent
+
+
 def prune(root: Path, *, stale: bool, older_than: float | None, max_size: int | None, staging: bool,
           quarantine: bool, dry_run: bool, as_json: bool) -> int:
-    now = store.now()
-    fp = cache.toolchain_fingerprint()
+    existing_root(root, "prune")
+    now = time.time()
+    fp = toolchain_fingerprint()
     removed: list[dict] = []
 
     def remove(path: Path, why: str, size: int | None = None, entry: bool = False) -> None:
-        size = store.tree_size(path) if size is None else size
+        size = tree_size(path) if size is None else size
         removed.append({"path": str(path), "reason": why, "bytes": size})
         if not dry_run:
-            store.remove_tree(root, path)
+            remove_tree(root, path)
             if entry:
-                store.remove_empty_parents(root, path)
+                remove_empty_parents(root, path)
 
     if stale:
-        for arch, tc, tc_dir in list(store.toolchain_dirs(root)):
+        for arch, tc, tc_dir in list(cache_layout.toolchain_dirs(root)):
             if tc != fp:
                 remove(tc_dir, f"stale toolchain tc-{tc} ({arch})")
-        for layout in store.other_layouts(root):
+        for layout in cache_layout.older_layouts(root):
             remove(layout, f"old cache layout {layout.name}")
-    entries = [e for e in store.iter_entries(root, fp) if not any(
+    entries = [e for e in iter_entries(root, fp) if not any(
         r["path"] == str(e.path) or e.path.as_posix().startswith(r["path"] + "/") for r in removed)]
     if older_than is not None:
         keep = []
         for e in entries:
             if now - e.last_used > older_than:
-                remove(e.path, f"last used {store.short_time(e.last_used)}", e.size, entry=True)
+                remove(e.path, f"last used {short_time(e.last_used)}", e.size, entry=True)
             else:
                 keep.append(e)
         entries = keep
@@ -86,16 +122,16 @@ def prune(root: Path, *, stale: bool, older_than: float | None, max_size: int | 
         for e in sorted(entries, key=lambda e: (e.last_used, e.relpath)):
             if total <= max_size:
                 break
-            remove(e.path, f"over --max-size (least recently used, {store.short_time(e.last_used)})", e.size,
+            remove(e.path, f"over --max-size (least recently used, {short_time(e.last_used)})", e.size,
                    entry=True)
             total -= e.size
     if staging:
         for d in _orphan_staging(root, now):
             remove(d, "orphaned staging directory")
     if quarantine:
-        for d in store.subdirs(root / cache.QUARANTINE):
+        for d in cache_layout.subdirs(root / cache_layout.QUARANTINE):
             remove(d, "quarantined entry")
-        for d in sorted(root.glob(f"{cache.LAYOUT}/*/tc-*/kernels/*/.quarantined.*")):
+        for d in cache_layout.quarantined_in_place(root):
             remove(d, "quarantined entry (moved aside in place)")
     freed = sum(r["bytes"] for r in removed)
     if as_json:
@@ -103,30 +139,33 @@ def prune(root: Path, *, stale: bool, older_than: float | None, max_size: int | 
     else:
         verb = "would remove" if dry_run else "removed"
         for r in removed:
-            print(f"{verb} {r['path']} ({store.human_size(r['bytes'])}): {r['reason']}")
-        print(f"prune: {verb} {len(removed)} item(s), {store.human_size(freed)}")
+            print(f"{verb} {r['path']} ({human_size(r['bytes'])}): {r['reason']}")
+        print(f"prune: {verb} {len(removed)} item(s), {human_size(freed)}")
     return 0
 
 
 def clear(root: Path, *, archs: list[str] | None, spec: str | None, as_json: bool) -> int:
     """Delete entries (all, or those matching --arch/--spec, of every toolchain)."""
+    existing_root(root, "clear")
     removed = []
     if not archs and not spec:
-        for path in [root / cache.LAYOUT, *store.other_layouts(root), root / cache.QUARANTINE, root / "locks"]:
+        for path in [root / cache_layout.LAYOUT, *cache_layout.older_layouts(root), root / cache_layout.QUARANTINE,
+                     root / cache_layout.LOCKS]:
             if path.exists():
-                removed.append({"path": str(path), "bytes": store.tree_size(path)})
-                store.remove_tree(root, path)
-        if (root / cache.STAGING).exists():  # in-flight builds there fail their publish and keep going in memory
-            removed.append({"path": str(root / cache.STAGING), "bytes": store.tree_size(root / cache.STAGING)})
-            shutil.rmtree(root / cache.STAGING, ignore_errors=True)
+                removed.append({"path": str(path), "bytes": tree_size(path)})
+                remove_tree(root, path)
+        staging = root / cache_layout.STAGING
+        if staging.exists():  # in-flight builds there fail their publish and keep going in memory
+            removed.append({"path": str(staging), "bytes": tree_size(staging)})
+            shutil.rmtree(staging, ignore_errors=True)
     else:
         for e in select_entries(root, archs, spec):
             removed.append({"path": str(e.path), "bytes": e.size})
-            store.remove_tree(root, e.path)
-            store.remove_empty_parents(root, e.path)
+            remove_tree(root, e.path)
+            remove_empty_parents(root, e.path)
     freed = sum(r["bytes"] for r in removed)
     if as_json:
         print(json.dumps({"root": str(root), "removed": removed, "freed_bytes": freed}, indent=1))
     else:
-        print(f"clear: removed {len(removed)} item(s), {store.human_size(freed)} under {root}")
+        print(f"clear: removed {len(removed)} item(s), {human_size(freed)} under {root}")
     return 0

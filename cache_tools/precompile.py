@@ -19,7 +19,10 @@ import traceback
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from kdajit import cache, env
+from kdajit import env
+from kdajit.cache import DiskCache, describe
+from kdajit.cache_layout import entry_relpath
+from kdajit.cache_toolchain import toolchain_fingerprint
 from kdajit.keys import key_from_json
 
 
@@ -36,7 +39,7 @@ def compile_one(root: str, key_json: dict) -> dict:
     t0 = time.perf_counter()
     try:
         key = key_from_json(key_json)
-        status = cache.DiskCache(root, "rw").ensure(key)
+        status = DiskCache(root, "rw").ensure(key)
         return {"status": status, "seconds": time.perf_counter() - t0, "error": None}
     except Exception as e:  # noqa: BLE001 - reported per key, the run goes on
         tb = traceback.format_exception(type(e), e, e.__traceback__)
@@ -44,35 +47,43 @@ def compile_one(root: str, key_json: dict) -> dict:
                 "error": f"{type(e).__name__}: {e}", "traceback": "".join(tb[-6:])}
 
 
-class _Progress:
-    """A one-line progress bar on stderr (a line per key when stderr is not a terminal)."""
+class Progress:
+    """Progress on `stream` (stderr): on a terminal one line of at most 79 columns, redrawn in place
+    with \r; otherwise a plain line per finished key. `start` prints at once, before any worker
+    exists, so a run never looks hung while the workers import CuTe DSL."""
 
-    def __init__(self, total: int, enabled: bool):
+    WIDTH = 79
+
+    def __init__(self, total: int, enabled: bool, stream=None):
         self.total, self.done, self.enabled = total, 0, enabled
         self.counts = {"compiled": 0, "present": 0, "failed": 0}
-        self.tty = sys.stderr.isatty()
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
         self.t0 = time.perf_counter()
+
+    def _write(self, text: str) -> None:
+        if self.enabled:
+            self.stream.write(text)
+            self.stream.flush()
+
+    def start(self, to_compile: int, jobs: int) -> None:
+        if to_compile:
+            self._write(f"precompile: {self.total} kernels, {self.total - to_compile} present; compiling "
+                        f"{to_compile} with {jobs} worker(s) (each starts by importing CuTe DSL, ~10 s)\n")
 
     def update(self, key, result: dict) -> None:
         self.done += 1
         self.counts[result["status"]] += 1
-        if not self.enabled:
-            return
-        width = 24
-        filled = int(width * self.done / max(self.total, 1))
-        bar = "#" * filled + "." * (width - filled)
-        line = (f"[{bar}] {self.done}/{self.total} compiled {self.counts['compiled']}, present "
-                f"{self.counts['present']}, failed {self.counts['failed']} | {time.perf_counter() - self.t0:.0f}s "
-                f"| {cache.describe(key)} {result['status']}")
+        elapsed = time.perf_counter() - self.t0
         if self.tty:
-            sys.stderr.write("\r\x1b[2K" + line)
-            if self.done == self.total:
-                sys.stderr.write("\n")
+            filled = 16 * self.done // max(self.total, 1)
+            line = (f"[{'#' * filled}{'.' * (16 - filled)}] {self.done}/{self.total} "
+                    f"failed {self.counts['failed']} {elapsed:.0f}s {key.spec_slug()}")
+            self._write("\r" + line[:self.WIDTH].ljust(self.WIDTH) + ("\n" if self.done == self.total else ""))
         else:
-            sys.stderr.write(line + "\n")
+            self._write(f"{self.done}/{self.total} {result['status']} {describe(key)} ({elapsed:.0f} s)\n")
         if result["status"] == "failed":
-            sys.stderr.write(("\n" if self.tty else "") + f"  failed: {result['error']}\n")
-        sys.stderr.flush()
+            self._write(("\n" if self.tty and self.done != self.total else "") + f"  failed: {result['error']}\n")
 
 
 def _run_pool(arch: str, keys: list, root: Path, jobs: int, on_result) -> None:
@@ -106,8 +117,8 @@ def _run_pool(arch: str, keys: list, root: Path, jobs: int, on_result) -> None:
 
 def precompile(keys: list, root: Path, jobs: int, *, dry_run: bool = False, progress: bool = True) -> dict:
     """Compile `keys` into `root`; returns the summary (see `run`)."""
-    store = cache.DiskCache(root, "rw")
-    fp = cache.toolchain_fingerprint()
+    store = DiskCache(root, "rw")
+    fp = toolchain_fingerprint()
     results: dict[str, dict] = {}
     todo = []
     for key in keys:
@@ -119,7 +130,8 @@ def precompile(keys: list, root: Path, jobs: int, *, dry_run: bool = False, prog
             results[key.canonical()] = {"status": "missing" if dry_run else "failed", "seconds": 0.0,
                                         "error": None if dry_run else "not attempted",
                                         "check": check.status}
-    bar = _Progress(len(keys), progress and not dry_run)
+    bar = Progress(len(keys), progress and not dry_run)
+    bar.start(len(todo), jobs)
     for key in keys:
         if results[key.canonical()]["status"] == "present":
             bar.update(key, results[key.canonical()])
@@ -139,7 +151,7 @@ def precompile(keys: list, root: Path, jobs: int, *, dry_run: bool = False, prog
     for key in keys:
         r = results[key.canonical()]
         entries.append({"spec": key.spec_slug(), "arch": key.arch, "config": key.config.slug(),
-                        "template": key.TEMPLATE, "relpath": cache.entry_relpath(key, fp), **r})
+                        "template": key.TEMPLATE, "relpath": entry_relpath(key, fp), **r})
     counts = {s: sum(e["status"] == s for e in entries) for s in ("compiled", "present", "failed", "missing")}
     return {"root": str(root), "toolchain": fp, "jobs": jobs, "dry_run": dry_run, **counts, "keys": entries}
 

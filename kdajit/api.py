@@ -1,7 +1,7 @@
 """Public API: validate, pick the specialization, fetch compiled kernels, allocate outputs, launch.
 
-The first call of a specialization compiles (or loads from the disk cache); later calls do one dict
-lookup per kernel and launch through TVM-FFI on the caller's current CUDA stream.
+The first call of a specialization compiles (or loads from the disk cache); later calls do one lookup
+in the cache's kernel table per kernel they run and launch through TVM-FFI on the caller's current CUDA stream.
 """
 from __future__ import annotations
 
@@ -16,16 +16,26 @@ from kdajit.outputs import ForwardOutput
 
 
 class _Kernels(NamedTuple):
-    intra: Callable
-    inverse: Callable
-    recompute: Callable
+    intra: Callable | None
+    inverse: Callable | None
+    recompute: Callable | None
 
 
 @functools.lru_cache(maxsize=None)
-def _kernels(beta_dtype: str, varlen: str, head_k: int, head_v: int, chunk: int, output_qg: bool,
-             device_index: int) -> _Kernels:
-    spec = ForwardSpec(beta_dtype, varlen, head_k, head_v, chunk, output_qg, compiler.current_arch(device_index))
-    return _Kernels(*(cache.get_kernel(key) for key in spec.kernel_keys()))
+def _keys(beta_dtype: str, varlen: str, head_k: int, head_v: int, chunk: int, output_qg: bool,
+          device_index: int) -> tuple:
+    """The kernel keys of a specialization (memoized: building keys costs more than the lookups)."""
+    return ForwardSpec(beta_dtype, varlen, head_k, head_v, chunk, output_qg,
+                       compiler.current_arch(device_index)).kernel_keys()
+
+
+def _kernels(problem, chunk: int, output_qg: bool, device_index: int, *, intra: bool, recompute: bool) -> _Kernels:
+    """The kernels a call runs, fetched together (one table lookup each): intra + inverse and/or recompute."""
+    intra_key, inverse_key, recompute_key = _keys(problem.beta_dtype, problem.varlen, problem.head_k,
+                                                  problem.head_v, chunk, output_qg, device_index)
+    wanted = (intra_key, inverse_key) * intra + (recompute_key,) * recompute
+    fns = dict(zip(wanted, cache.get_kernels(wanted), strict=True))
+    return _Kernels(fns.get(intra_key), fns.get(inverse_key), fns.get(recompute_key))
 
 
 @functools.lru_cache(maxsize=None)
@@ -132,8 +142,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
     written = ("Aqk", "Akk", "w", "u", "kg") + ("qg",) * bool(output_qg)
     problem = validate.check_forward_inputs(q, k, v, gk, beta, cu_seqlens, chunk_size, _given_outputs(out, written))
     scale = problem.head_k ** -0.5 if scale is None else float(scale)
-    kernels = _kernels(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk_size,
-                       bool(output_qg), _device_index(q))
+    kernels = _kernels(problem, chunk_size, bool(output_qg), _device_index(q), intra=True, recompute=True)
     cu, offsets = _seq_vectors(cu_seqlens, chunk_size, problem.tokens, q.device)
     q_for_qg = q if output_qg else None
     Aqk, Akk = _intra_outputs(out, problem, q)
@@ -159,8 +168,7 @@ def intra(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor
     problem = validate.check_forward_inputs(q, k, None, gk, beta, cu_seqlens, chunk_size,
                                             _given_outputs(out, ("Aqk", "Akk")))
     scale = problem.head_k ** -0.5 if scale is None else float(scale)
-    kernels = _kernels(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk_size, False,
-                       _device_index(q))
+    kernels = _kernels(problem, chunk_size, False, _device_index(q), intra=True, recompute=False)
     cu, offsets = _seq_vectors(cu_seqlens, chunk_size, problem.tokens, q.device)
     Aqk, Akk = _intra_outputs(out, problem, q)
     _run_intra(q, k, gk, beta, scale, cu, offsets, kernels, Aqk, Akk)
@@ -182,8 +190,7 @@ def recompute_w_u(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, Akk: tor
     written = ("w", "u", "kg") + ("qg",) * (q is not None)
     problem = validate.check_recompute_inputs(k, v, beta, Akk, gk, q, cu_seqlens, chunk_size,
                                               _given_outputs(out, written))
-    kernels = _kernels(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk_size,
-                       q is not None, _device_index(k))
+    kernels = _kernels(problem, chunk_size, q is not None, _device_index(k), intra=False, recompute=True)
     cu, offsets = _seq_vectors(cu_seqlens, chunk_size, problem.tokens, k.device)
     w, u, kg, qg = _recompute_outputs(out, k, v, q)
     _run_recompute(k, v, beta, Akk, gk, q, cu, offsets, kernels, w, u, kg, qg)

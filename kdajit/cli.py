@@ -3,6 +3,7 @@
     kdajit precompile [--arch sm_90a,sm_100a] [--beta bf16,fp32] [--varlen dense,cu32,cu64] [--kv 128]
                       [--chunk 64] [--qg off|on|both] [--only TEMPLATE,...] [--config warps=4] [-j N]
                       [--dry-run] [--json] [--cache-dir DIR]
+    kdajit precompile --key KEY [--key KEY ...]
     kdajit cache ls [--arch A] [--spec S] [--stale | --current] [--json]
     kdajit cache show ENTRY_PATH|KEY [--arch A] [--config C] [--json]
     kdajit cache why KEY [--arch A] [--config C] [--limit N] [--json]
@@ -10,7 +11,7 @@
     kdajit cache prune [--stale] [--older-than 30d] [--max-size 5G] [--staging] [--quarantine] [--dry-run]
     kdajit cache clear [--arch A] [--spec S] --yes
     kdajit cache export OUT.tar[.gz] [--arch A] [--spec S] [--all-toolchains]
-    kdajit cache import IN.tar[.gz] [--world-readable]
+    kdajit cache import IN.tar[.gz] --sha256 HEX | --trust-unpinned-bundle [--world-readable]
     kdajit env [--json]
     kdajit demo [--lengths 1,63,700] [--heads 4] [--beta bf16|fp32] [--cache-dir DIR]
     kdajit --version
@@ -27,28 +28,61 @@ import sys
 from pathlib import Path
 
 import kdajit
-from kdajit import cache, keys
-from kdajit.cache_tools import bundle, envinfo, inspection, keyspec, maintenance, precompile, store
+from kdajit import keys
+from kdajit.cache_layout import cache_root
+from kdajit.cache_tools import bundle, envinfo, inspection, keyspec, maintenance, precompile, units
+
+_KEY_HELP = ("KEY: a spec slug as `kdajit cache ls` prints it, optionally @arch, e.g. "
+             "akk_inverse.varlen-dense.chunk-64@sm_90a; or a key's JSON")
 
 
 def _root(args: argparse.Namespace) -> Path:
     if args.cache_dir:
-        return Path(args.cache_dir).expanduser().absolute()
-    root = cache.cache_root()
+        root = Path(args.cache_dir).expanduser().absolute()
+        if root.exists() and not root.is_dir():
+            raise ValueError(f"--cache-dir {args.cache_dir}: {root} is a file, not a directory")
+        return root
+    root = cache_root()
     if root is None:
         raise ValueError("the disk cache is off (KDAJIT_CACHE=off); pass --cache-dir DIR")
     return root
+
+
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of worker processes (an integer >= 1)")
+    return n
 
 
 def _config(args: argparse.Namespace):
     return keyspec.parse_config(args.config) if getattr(args, "config", None) else None
 
 
-def precompile_keys(args: argparse.Namespace) -> list:
-    """The distinct kernel keys that `kdajit precompile` args select."""
+def precompile_keys(args: argparse.Namespace, check_supported: bool = True) -> list:
+    """The distinct kernel keys that `kdajit precompile` args select; ValueError for a key that no
+    template can build (so a bad --config fails here, and in --dry-run, not in every worker)."""
     from kdajit import compiler
 
-    archs = keyspec.split_words(args.arch) or [compiler.current_arch()]
+    if args.key:
+        chosen = [name for name in ("arch", "beta", "varlen", "kv", "chunk", "only", "config") if getattr(args, name)]
+        if chosen:
+            raise ValueError(f"--key names whole kernels; drop --{', --'.join(chosen)}")
+        found = {k.canonical(): k for k in (keyspec.parse_key(w) for w in args.key)}
+        selected = list(found.values())
+    else:
+        selected = _cross_product(args, compiler.current_arch)
+    problems = sorted({p for p in map(keyspec.unsupported, selected) if p}) if check_supported else []
+    if problems:
+        raise ValueError("; ".join(problems))
+    return selected
+
+
+def _cross_product(args: argparse.Namespace, current_arch) -> list:
+    archs = keyspec.split_words(args.arch) or [current_arch()]
     kvs = [keyspec.parse_kv(w) for w in keyspec.split_words(args.kv)] or \
         [(k, v) for k in keys.HEAD_DIMS for v in keys.HEAD_DIMS]
     chunks = []
@@ -71,7 +105,7 @@ def precompile_keys(args: argparse.Namespace) -> list:
 
 def _cmd_precompile(args: argparse.Namespace) -> int:
     key_list = precompile_keys(args)
-    jobs = args.jobs or precompile.default_jobs()
+    jobs = args.jobs or precompile.default_jobs()  # argparse refuses -j 0
     return precompile.run(key_list, _root(args), jobs, dry_run=args.dry_run, as_json=args.json,
                           progress=not args.no_progress)
 
@@ -97,8 +131,8 @@ def _dispatch_cache(args: argparse.Namespace) -> int:
             raise ValueError("nothing to prune: pass --stale, --older-than, --max-size, --staging or --quarantine")
         return maintenance.prune(
             root, stale=args.stale, staging=args.staging, quarantine=args.quarantine, dry_run=args.dry_run,
-            older_than=store.parse_duration(args.older_than) if args.older_than else None,
-            max_size=store.parse_size(args.max_size) if args.max_size else None, as_json=args.json)
+            older_than=units.parse_duration(args.older_than) if args.older_than else None,
+            max_size=units.parse_size(args.max_size) if args.max_size else None, as_json=args.json)
     if verb == "clear":
         if not args.yes:
             raise ValueError(f"`kdajit cache clear` deletes entries under {root}; add --yes to confirm")
@@ -107,7 +141,8 @@ def _dispatch_cache(args: argparse.Namespace) -> int:
         return bundle.export_bundle(root, Path(args.out), archs=archs, spec=args.spec,
                                     all_toolchains=args.all_toolchains, as_json=args.json)
     if verb == "import":
-        return bundle.import_bundle(root, Path(args.bundle), world_readable=args.world_readable, as_json=args.json)
+        return bundle.import_bundle(root, Path(args.bundle), sha256=args.sha256, trust_unpinned=args.trust_unpinned_bundle,
+                                    world_readable=args.world_readable, as_json=args.json)
     raise AssertionError(verb)
 
 
@@ -132,28 +167,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--qg", choices=sorted(keyspec.QG_CHOICES), default="both", help="output_qg variants")
     p.add_argument("--only", action="append", help=f"only these kernels, of {', '.join(keys.KEY_TYPES)}")
     p.add_argument("--config", action="append", help="kernel config as field=value pairs (default: reference)")
-    p.add_argument("-j", "--jobs", type=int, help="worker processes (default: KDAJIT_COMPILE_WORKERS or 2)")
+    p.add_argument("--key", action="append", help=f"exactly this kernel (repeatable; not with the options above). "
+                                                  f"{_KEY_HELP}")
+    p.add_argument("-j", "--jobs", type=_jobs, help="worker processes, >= 1 (default: KDAJIT_COMPILE_WORKERS or 2)")
     p.add_argument("--dry-run", action="store_true", help="list the kernels and whether they are present")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=_cmd_precompile)
 
     c = sub.add_parser("cache", help="inspect and maintain the kernel cache")
     verbs = c.add_subparsers(dest="verb", required=True)
+    arch_help = f"only entries of these SM archs (comma-separated or repeated), of {', '.join(keys.ARCHS)}"
     v = verbs.add_parser("ls", parents=[common], help="table of entries")
-    v.add_argument("--arch", action="append")
+    v.add_argument("--arch", action="append", help=arch_help)
     v.add_argument("--spec", help="substring of the spec slug")
     group = v.add_mutually_exclusive_group()
     group.add_argument("--stale", action="store_true", help="only entries of other toolchains")
     group.add_argument("--current", action="store_true", help="only entries of this toolchain")
     for name, helptext in (("show", "an entry's metadata and status"), ("why", "why a lookup misses")):
-        v = verbs.add_parser(name, parents=[common], help=helptext)
-        v.add_argument("target" if name == "show" else "key", help="entry path or KEY" if name == "show" else "KEY")
+        v = verbs.add_parser(name, parents=[common], help=helptext, description=f"{helptext}. {_KEY_HELP}.")
+        v.add_argument("target" if name == "show" else "key",
+                       help=f"entry path or KEY ({_KEY_HELP})" if name == "show" else _KEY_HELP)
         v.add_argument("--arch", dest="arch_one", help="arch of KEY (default: the current arch)")
         v.add_argument("--config", help="config of KEY as field=value pairs (default: reference)")
         if name == "why":
             v.add_argument("--limit", type=int, default=3, help="nearest entries to show")
     v = verbs.add_parser("verify", parents=[common], help="re-hash and re-parse every entry")
-    v.add_argument("--arch", action="append")
+    v.add_argument("--arch", action="append", help=arch_help)
     v.add_argument("--fix", action="store_true", help="move bad entries to quarantine/")
     v.add_argument("--load", action="store_true", help="also load current-toolchain objects (imports CuTe DSL)")
     v = verbs.add_parser("prune", parents=[common], help="delete stale, old or excess entries")
@@ -172,15 +211,23 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--arch", action="append")
     v.add_argument("--spec", help="substring of the spec slug")
     v.add_argument("--all-toolchains", action="store_true", help="also entries of other toolchains")
-    v = verbs.add_parser("import", parents=[common], help="verify and publish a bundle's entries")
+    v = verbs.add_parser("import", parents=[common], help="verify and publish a bundle's entries",
+                         description="Import a bundle's kernels. They are native code that runs in every process "
+                                     "using this cache, so the bundle must be pinned by the sha256 that "
+                                     "`kdajit cache export` printed for it.")
     v.add_argument("bundle")
+    pin = v.add_mutually_exclusive_group()
+    pin.add_argument("--sha256", help="the bundle's sha256 as printed by `kdajit cache export` (required)")
+    pin.add_argument("--trust-unpinned-bundle", action="store_true",
+                     help="import without a pinned sha256: the bundle's native code WILL RUN in every process "
+                          "using this cache; only for a bundle you built or got over a trusted channel")
     v.add_argument("--world-readable", action="store_true",
                    help="files 0644, dirs 0755 (an image built as one user, run as another)")
     c.set_defaults(func=_dispatch_cache)
 
     e = sub.add_parser("env", parents=[common], help="paths, arch, toolchain and variables, for bug reports")
     e.set_defaults(func=lambda args: envinfo.run(
-        Path(args.cache_dir).absolute() if args.cache_dir else cache.cache_root(), args.json))
+        Path(args.cache_dir).absolute() if args.cache_dir else cache_root(), args.json))
 
     sub.add_parser("demo", help="run the forward once (see `kdajit demo --help`)", add_help=False)
     return parser

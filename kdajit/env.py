@@ -7,7 +7,8 @@
 | KDAJIT_DISABLE_JIT | 1: a cache miss raises, naming the precompile command that fixes it | 0 |
 | KDAJIT_FORCE_RECOMPILE | 1: ignore disk hits, compile and republish | 0 |
 | KDAJIT_ARCH | SM arch to compile for (sm_80, sm_90a, sm_100a); default: the current GPU, else sm_90a | - |
-| KDAJIT_LOCK_DIR | where per-entry lock files live | /dev/shm/kdajit-<uid>, else <cache>/locks |
+| KDAJIT_LOCK_DIR | where per-entry lock files live (must be yours and private) | /dev/shm/kdajit-<uid>, else <cache>/locks |
+| KDAJIT_TRUST_ROOT_OWNED | 1: load cache entries owned by root (an admin-installed shared cache): their native code runs in your process | 0 |
 | KDAJIT_LOCK_TIMEOUT | seconds to wait for another process's compile before compiling in memory | 600 |
 | KDAJIT_VALIDATE | `full` (also checks cu_seqlens values: one small device-to-host copy) or `shapes` | full |
 | KDAJIT_COMPILE_WORKERS | default number of `kdajit precompile` worker processes (`-j`) | min(2, CPUs) |
@@ -61,6 +62,10 @@ def arch() -> str | None:
 
 def lock_dir() -> str | None:
     return _get("LOCK_DIR") or None
+
+
+def trust_root_owned() -> bool:
+    return _flag("TRUST_ROOT_OWNED")
 
 
 def lock_timeout_s() -> float:

@@ -46,11 +46,11 @@ def kdajit_cli(args: list[str], env: dict, timeout: float = 300, **kw) -> subpro
 
 def lookup(keys: list[dict], env: dict, *, timeout: float = 300, preimport: bool = False,
            wrapper: list[str] | None = None) -> dict:
-    """Run `cache.get_kernel` on `keys` in a fresh process; returns its report (see `_child`)."""
+    """Run `cache.get_kernel` on `keys` in a fresh process; returns its report (see `_child`) and its stderr."""
     argv = [PY, str(Path(__file__).resolve()), "lookup", json.dumps(keys)] + (["--preimport"] if preimport else [])
     proc = subprocess.run((wrapper or []) + argv, env=env, capture_output=True, text=True, timeout=timeout, cwd="/")
     assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "stderr": proc.stderr}
 
 
 def read_only_wrapper(path: Path) -> list[str] | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import cache_helpers as ch
 import pytest
 
-from kdajit import cache
+from kdajit import cache, cache_entry, cache_layout, cache_locks, cache_toolchain, hints
 from kdajit.keys import AkkInverseKey, ForwardSpec, KernelConfig, key_from_json
 
 
@@ -35,17 +35,17 @@ def _modes(root: Path) -> dict[str, int]:
 # -- keys, layout, fingerprint -----------------------------------------------------------------
 def test_entry_path_holds_arch_toolchain_spec_and_config():
     key = AkkInverseKey("dense", 64, "sm_90a")
-    rel = cache.entry_relpath(key, "0123456789abcdef")
+    rel = cache_layout.entry_relpath(key, "0123456789abcdef")
     assert rel.startswith("v1/sm_90a/tc-0123456789abcdef/kernels/akk_inverse.varlen-dense.chunk-64/w4-")
     assert not os.path.isabs(rel) and len(rel) < 200
-    other_arch = cache.entry_relpath(AkkInverseKey("dense", 64, "sm_100a"), "0123456789abcdef")
-    other_cfg = cache.entry_relpath(AkkInverseKey("dense", 64, "sm_90a", KernelConfig(warps=8)), "0123456789abcdef")
+    other_arch = cache_layout.entry_relpath(AkkInverseKey("dense", 64, "sm_100a"), "0123456789abcdef")
+    other_cfg = cache_layout.entry_relpath(AkkInverseKey("dense", 64, "sm_90a", KernelConfig(warps=8)), "0123456789abcdef")
     assert len({rel, other_arch, other_cfg}) == 3
     assert other_arch.startswith("v1/sm_100a/")
 
 
 def test_toolchain_fingerprint_has_no_paths_or_python_version():
-    comp = cache.toolchain_components()
+    comp = cache_toolchain.toolchain_components()
     text = json.dumps(comp)
     assert str(ch.REPO) not in text and "site-packages" not in text and "/" + "work" not in text
     assert "python" not in comp
@@ -53,36 +53,32 @@ def test_toolchain_fingerprint_has_no_paths_or_python_version():
     assert any(d.startswith("nvidia-cutlass-dsl-libs-") for d in comp["dsl_stack"])  # the cu12/cu13 flavour
     assert {"templates/akk_inverse.py", "templates/common.py", "kdajit/keys.py", "kdajit/compiler.py"} <= set(
         comp["kernel_src"])
-    fp = cache.toolchain_fingerprint()
-    assert len(fp) == 16 and int(fp, 16) >= 0 and fp == cache.fingerprint_of(comp)
+    fp = cache_toolchain.toolchain_fingerprint()
+    assert len(fp) == 16 and int(fp, 16) >= 0 and fp == cache_toolchain.fingerprint_of(comp)
 
 
 def test_fingerprint_is_stable_across_processes_and_follows_codegen_flags(tmp_path):
-    code = "from kdajit import cache; print(cache.toolchain_fingerprint())"
+    code = "from kdajit import cache_toolchain; print(cache_toolchain.toolchain_fingerprint())"
     env = ch.child_env(None)
     same = subprocess.run([ch.PY, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
     lineinfo = subprocess.run([ch.PY, "-c", code], env={**env, "CUTE_DSL_LINEINFO": "1"}, cwd=tmp_path,
                               capture_output=True, text=True, check=True)
-    assert same.stdout.strip() == cache.toolchain_fingerprint()
-    assert lineinfo.stdout.strip() != cache.toolchain_fingerprint()
+    assert same.stdout.strip() == cache_toolchain.toolchain_fingerprint()
+    assert lineinfo.stdout.strip() != cache_toolchain.toolchain_fingerprint()
 
 
-def test_precompile_command_names_exactly_the_missing_key():
+def test_precompile_command_names_exactly_the_missing_keys():
     from kdajit import cli
 
     parser = cli.build_parser()
-    configs = (KernelConfig(), KernelConfig(warps=8))
-    for qg, config in ((False, configs[0]), (True, configs[1])):
-        for key in ForwardSpec("fp32", "cu64", 128, 128, 64, qg, "sm_100a").kernel_keys():
-            key = dataclasses.replace(key, config=config)
-            argv = shlex.split(cache.precompile_command(key, "/some root/x"))
-            assert argv[:2] == ["kdajit", "precompile"]
-            args = parser.parse_args(argv[1:])
-            assert args.cache_dir == "/some root/x"
-            assert cli.precompile_keys(args) == [key], argv
-        spec = ForwardSpec("bf16", "dense", 128, 128, 64, qg, "sm_90a")  # a whole forward's kernels
-        args = parser.parse_args(shlex.split(cache.precompile_command(spec))[1:])
-        assert sorted(cli.precompile_keys(args), key=repr) == sorted(spec.kernel_keys(), key=repr)
+    for qg, config in ((False, KernelConfig()), (True, KernelConfig(warps=8))):
+        keys = [dataclasses.replace(key, config=config)
+                for key in ForwardSpec("fp32", "cu64", 128, 128, 64, qg, "sm_100a").kernel_keys()]
+        argv = shlex.split(hints.precompile_command(keys, "/some root/x"))
+        assert argv[:2] == ["kdajit", "precompile"]
+        args = parser.parse_args(argv[1:])
+        assert args.cache_dir == "/some root/x"
+        assert cli.precompile_keys(args, check_supported=config == KernelConfig()) == keys, argv
 
 
 # -- cross-compile, then a fresh process loads without compiling -------------------------------
@@ -91,21 +87,21 @@ def test_precompile_cross_compiles_private_entries(golden):
     assert (summary["compiled"], summary["present"], summary["failed"]) == (4, 0, 0)
     entries = ch.entry_dirs(root)
     assert {p.relative_to(root).parts[1] for p in entries} == {"sm_90a", "sm_100a"}
-    fp = cache.toolchain_fingerprint()
+    fp = cache_toolchain.toolchain_fingerprint()
     for entry in entries:
-        meta = json.loads((entry / cache.META).read_text())
+        meta = json.loads((entry / cache_layout.META).read_text())
         key = key_from_json(meta["key"])
-        assert entry.relative_to(root).as_posix() == cache.entry_relpath(key, fp)
-        assert meta["artifact"]["bytes"] == (entry / cache.ARTIFACT).stat().st_size > 10_000
-        assert cache.check_entry(root, cache.entry_relpath(key, fp), expect_key=key, expect_fp=fp).ok
+        assert entry.relative_to(root).as_posix() == cache_layout.entry_relpath(key, fp)
+        assert meta["artifact"]["bytes"] == (entry / cache_layout.ARTIFACT).stat().st_size > 10_000
+        assert cache_entry.check_entry(root, cache_layout.entry_relpath(key, fp), expect_key=key, expect_fp=fp).ok
     for rel, mode in _modes(root).items():
-        if rel == cache.CACHEDIR_TAG:
+        if rel == cache_layout.CACHEDIR_TAG:
             assert mode == 0o644
         elif (root / rel).is_dir():
             assert mode == 0o700, rel
         else:
             assert mode == 0o600, rel
-    assert not list((root / cache.STAGING).iterdir())  # staging is cleaned up
+    assert not list((root / cache_layout.STAGING).iterdir())  # staging is cleaned up
 
 
 def test_fresh_process_loads_without_compiling(copy, tmp_path):
@@ -143,7 +139,7 @@ def test_racing_processes_compile_once(golden, tmp_path):
     assert all(r["results"][0]["ok"] for r in reports)
     assert all(r["stats"]["disk_errors"] == 0 and r["stats"]["lock_timeouts"] == 0 for r in reports)
     assert len(ch.entry_dirs(root)) == 1
-    assert not (root / cache.QUARANTINE).exists() and not list((root / cache.STAGING).iterdir())
+    assert not (root / cache_layout.QUARANTINE).exists() and not list((root / cache_layout.STAGING).iterdir())
 
 
 def test_lock_timeout_compiles_anyway(tmp_path, monkeypatch):
@@ -152,7 +148,8 @@ def test_lock_timeout_compiles_anyway(tmp_path, monkeypatch):
     root, locks = tmp_path / "cache", tmp_path / "locks"
     env = ch.child_env(root, locks, KDAJIT_LOCK_TIMEOUT="0.5")
     monkeypatch.setenv("KDAJIT_LOCK_DIR", str(locks))
-    path = cache.lock_path(root, key_from_json(ch.COLD_KEY))
+    locks.mkdir(mode=0o700)
+    path = cache_locks.lock_file(locks, root, key_from_json(ch.COLD_KEY), cache_toolchain.toolchain_fingerprint())
     with filelock.FileLock(str(path)):  # a "hung" compile holds the entry's lock
         report = ch.lookup([ch.COLD_KEY], env)
     s = report["stats"]
@@ -163,7 +160,7 @@ def test_lock_timeout_compiles_anyway(tmp_path, monkeypatch):
 
 # -- damaged, foreign and unsafe entries -------------------------------------------------------
 def _damage(entry: Path, how: str, root: Path) -> None:
-    meta_path, obj = entry / cache.META, entry / cache.ARTIFACT
+    meta_path, obj = entry / cache_layout.META, entry / cache_layout.ARTIFACT
     if how == "truncated object":
         obj.write_bytes(obj.read_bytes()[: obj.stat().st_size // 2])
     elif how == "flipped byte":
@@ -180,7 +177,7 @@ def _damage(entry: Path, how: str, root: Path) -> None:
         meta_path.write_text(json.dumps(meta))
     elif how == "another key's metadata":
         other = ch.find_entry(root, "sm_90a", "cu32")
-        meta_path.write_bytes((other / cache.META).read_bytes())
+        meta_path.write_bytes((other / cache_layout.META).read_bytes())
     elif how == "world-writable object":
         obj.chmod(0o666)
     elif how == "group-writable entry dir":
@@ -233,16 +230,17 @@ def test_damaged_entries_are_quarantined_and_rebuilt(copy, tmp_path):
     assert (s["compiles"], s["quarantined"], s["disk_hits"], s["disk_errors"]) == (4, 4, 0, 0), report
     assert all(r["ok"] for r in report["results"])
     assert sum("moved to" in w for w in report["warnings"]) == 4
+    assert report["stderr"].count("kdajit: compiling") == 1  # said once per process, not per kernel
     reasons = sorted(json.loads((q / "reason.json").read_text())["reason"]
-                     for q in (copy / cache.QUARANTINE).iterdir())
+                     for q in (copy / cache_layout.QUARANTINE).iterdir())
     assert len(reasons) == 4
     for status, words in (DAMAGE[h] for h in damage.values()):
         assert any(r.startswith(status) and words in r for r in reasons), (status, reasons)
-    fp = cache.toolchain_fingerprint()
+    fp = cache_toolchain.toolchain_fingerprint()
     for k in ch.GOLDEN_KEYS:  # rebuilt, valid and private again
         key = key_from_json(k)
-        assert cache.check_entry(copy, cache.entry_relpath(key, fp), expect_key=key, expect_fp=fp).ok
-        assert stat.S_IMODE((copy / cache.entry_relpath(key, fp) / cache.ARTIFACT).stat().st_mode) == 0o600
+        assert cache_entry.check_entry(copy, cache_layout.entry_relpath(key, fp), expect_key=key, expect_fp=fp).ok
+        assert stat.S_IMODE((copy / cache_layout.entry_relpath(key, fp) / cache_layout.ARTIFACT).stat().st_mode) == 0o600
 
 
 def test_read_only_root_loads_hits_and_compiles_misses_in_memory(golden, tmp_path):
@@ -286,6 +284,22 @@ def test_unusable_root_degrades_to_memory(tmp_path):
     s = report["stats"]
     assert (s["compiles"], s["disk_hits"]) == (1, 0) and s["disk_errors"] >= 1 and report["results"][0]["ok"]
     assert any("using in-memory kernels" in w for w in report["warnings"])
+
+
+def test_a_first_call_that_compiles_says_so_once_with_the_command_that_avoids_it(tmp_path):
+    root = tmp_path / "cache"
+    report = ch.lookup([ch.COLD_KEY], ch.child_env(root, tmp_path / "locks"))
+    assert report["stats"]["compiles"] == 1
+    notes = [line for line in report["stderr"].splitlines() if "kdajit: compiling" in line]
+    assert len(notes) == 1 and "about 10 s each" in notes[0], report["stderr"]
+    command = shlex.split(notes[0].split("run: ", 1)[1])
+    fix = ch.kdajit_cli(command[1:] + ["--json", "--no-progress"], ch.child_env(None, tmp_path / "locks"))
+    assert fix.returncode == 0 and json.loads(fix.stdout)["present"] == 1, fix.stdout + fix.stderr
+    code = "import logging, sys; logging.basicConfig(stream=sys.stdout); " \
+           "from kdajit import cache, keys; cache.get_kernel(keys.key_from_json(%r))" % ch.COLD_KEY
+    proc = subprocess.run([ch.PY, "-c", code], env=ch.child_env(tmp_path / "other", tmp_path / "locks"),
+                          capture_output=True, text=True, timeout=300, cwd="/")
+    assert proc.returncode == 0 and "WARNING:kdajit:kdajit: compiling 1 kernel(s)" in proc.stdout  # via logging
 
 
 # -- KDAJIT_DISABLE_JIT ------------------------------------------------------------------------

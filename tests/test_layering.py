@@ -31,10 +31,32 @@ def test_templates_import_only_leaves():
         assert not bad, f"{path.name} imports {bad}"
 
 
-def test_cache_does_not_import_the_api():
-    for name in ("cache.py", "compiler.py", "keys.py", "env.py"):
+RUNTIME_CACHE = sorted(p.name for p in (ROOT / "kdajit").glob("cache*.py")) + ["hints.py"]
+
+
+def test_cache_does_not_import_the_api_or_the_tools():
+    assert len(RUNTIME_CACHE) >= 8, RUNTIME_CACHE
+    for name in RUNTIME_CACHE + ["compiler.py", "keys.py", "env.py"]:
         mods = imported_modules(ROOT / "kdajit" / name)
-        assert not {m for m in mods if m.startswith(("kdajit.api", "kdajit.cli"))}, name
+        assert not {m for m in mods if m.startswith(("kdajit.api", "kdajit.cli", "kdajit.cache_tools"))}, name
+
+
+def test_cache_layout_is_parsed_in_one_place():
+    # Only kdajit/cache_layout.py spells the layout's path patterns; everyone else asks it.
+    for path in SOURCES:
+        if path.name == "cache_layout.py":
+            continue
+        text = path.read_text()
+        for pattern in ("/kernels/", "tc-[0-9a-f]", "tc-*", "[3:]", ".split(\"/\")[2]", "parts[2]", "v1/"):
+            assert pattern not in text, f"{path.relative_to(ROOT)} parses cache paths itself ({pattern!r})"
+
+
+def test_runtime_cache_writes_no_cli_syntax():
+    for name in RUNTIME_CACHE:
+        if name == "hints.py":
+            continue
+        text = (ROOT / "kdajit" / name).read_text()
+        assert '"kdajit", "precompile"' not in text and '"--' not in text, f"{name} builds command lines"
 
 
 def test_environment_is_read_only_in_env_module():
