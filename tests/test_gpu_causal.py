@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from kdajit import reference
-from test_gpu_forward import BETA, INPUTS, run, seed  # noqa: F401  (seed is a fixture)
+from kdajit.outputs import BETA_TORCH_DTYPES as BETA
+from test_gpu_forward import INPUTS, run, seed  # noqa: F401  (seed is a fixture)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
