@@ -1,4 +1,4 @@
-"""Exact PyTorch evaluation of the KDA forward "intra" boundary (docs/kda-boundary.md), for tests.
+"""Exact PyTorch evaluation of the KDA forward "intra" boundary (docs/contract.md, authoritative), for tests.
 
 Per sequence, per chunk c (rows [C*c, min(C*c + C, len)) of one head), with g the chunk-local
 cumulative gate in log2 units, i, j rows of the chunk and d the head-dim index:
