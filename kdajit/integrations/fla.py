@@ -38,10 +38,8 @@ _logged_reasons: set[str] = set()
 
 
 def _fla_version() -> str | None:
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-    except ImportError:  # pragma: no cover (Python < 3.8)
-        return None
+    from importlib.metadata import PackageNotFoundError, version
+
     for dist in ("fla-core", "flash-linear-attention"):
         try:
             return version(dist)
