@@ -45,6 +45,9 @@ path is shorter.
 Shared memory: L 64x64 fp32 (16 KiB) + X 64x64 bf16 (8 KiB) + X00 32x32 fp32 (4 KiB) = 28 KiB
 per CTA; the 32x32 fp32 chain states of step 3 reuse L rows 0..15, dead after step 2.
 
+Code: steps 2-5 are the per-tile functions of templates/tile_inverse.py, shared with the fused
+kernel; this file holds the standalone launch and step 1 (the global L load).
+
 Constraints: chunk == 64, warps == 4. Portable (sm_80, sm_90a, sm_100a): plain loads and stores,
 CUDA-core FMAs only.
 """
@@ -58,9 +61,9 @@ from cutlass.memory import SmemAllocator
 
 from kdajit.keys import AkkInverseKey
 from kdajit.templates.common import SymbolicShapes, chunk_coords, grid_shape
-
-_RN = cute.math.RoundingMode.NEAREST_EVEN
-_PANEL = 4  # columns per panel: one 16-byte shared load of 4 fp32 L values per row
+from kdajit.templates.tile_inverse import (NUM_WARPS, akk_tile_layout, invert_tile, l_tile_layout,
+                                           make_akk_store_copy, make_l_load_copy, store_akk_rows,
+                                           x00_layout)
 
 
 class AkkInverse:
@@ -69,15 +72,12 @@ class AkkInverse:
     def __init__(self, key: AkkInverseKey) -> None:
         self.key = key
         self.chunk = key.chunk
-        self.half = key.chunk // 2  # block size of the 2x2 split; one lane per column
         self.varlen = key.varlen != "dense"
-        self.warps = key.config.warps
-        self.num_threads = 32 * self.warps
-        self.prefix_rows = self.half // self.warps  # X10 rows per warp in step 3
+        self.num_threads = 32 * key.config.warps
 
     @staticmethod
     def can_implement(key: AkkInverseKey) -> bool:
-        return key.chunk == 64 and key.config.warps == 4
+        return key.chunk == 64 and key.config.warps == NUM_WARPS
 
     def fake_args(self) -> tuple:
         shapes = SymbolicShapes()
@@ -89,39 +89,24 @@ class AkkInverse:
     @cute.jit
     def __call__(self, mL: cute.Tensor, mAkk: cute.Tensor, mCuSeqlens: cute.Tensor,
                  mChunkOffsets: cute.Tensor, stream: cuda.CUstream):
-        C = self.chunk
-        # 16-byte global accesses: fp32 L rows as 16 threads x 4 values, bf16 Akk rows as 8 x 8.
-        load_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32,
-                                        num_bits_per_copy=128)
-        load_copy = cute.make_tiled_copy_tv(
-            load_atom, cute.make_layout((self.num_threads // 16, 16), stride=(16, 1)),
-            cute.make_layout((1, 4)))
-        store_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.BFloat16,
-                                         num_bits_per_copy=128)
-        store_copy = cute.make_tiled_copy_tv(
-            store_atom, cute.make_layout((self.num_threads // 8, 8), stride=(8, 1)),
-            cute.make_layout((1, 8)))
-        self.kernel(mL, mAkk, mCuSeqlens, mChunkOffsets, load_copy, store_copy).launch(
-            grid=grid_shape(mL, mCuSeqlens, C, self.varlen), block=(self.num_threads, 1, 1),
+        self.kernel(mL, mAkk, mCuSeqlens, mChunkOffsets, make_l_load_copy(self.num_threads),
+                    make_akk_store_copy(self.num_threads)).launch(
+            grid=grid_shape(mL, mCuSeqlens, self.chunk, self.varlen), block=(self.num_threads, 1, 1),
             stream=stream)
 
     @cute.kernel
     def kernel(self, mL: cute.Tensor, mAkk: cute.Tensor, mCuSeqlens: cute.Tensor,
                mChunkOffsets: cute.Tensor, load_copy: cute.TiledCopy, store_copy: cute.TiledCopy):
         C = self.chunk
-        half = self.half
         tidx, _, _ = cute.arch.thread_idx()
         _, head, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
 
         smem = SmemAllocator()
-        sL = smem.allocate_tensor(cutlass.Float32, cute.make_layout((C, C), stride=(C, 1)), 16)
-        sX = smem.allocate_tensor(cutlass.BFloat16, cute.make_layout((C, C), stride=(C, 1)), 16)
-        sX00 = smem.allocate_tensor(cutlass.Float32,
-                                    cute.make_layout((half, half), stride=(half, 1)), 16)
-        # X10 chain states (step 3 -> 4) reuse L rows 0..15: after step 2 nothing reads L rows < 32.
-        sChain = cute.make_tensor(sL.iterator, cute.make_layout((half, half), stride=(half, 1)))
+        sL = smem.allocate_tensor(cutlass.Float32, l_tile_layout(C), 16)
+        sX = smem.allocate_tensor(cutlass.BFloat16, akk_tile_layout(C), 16)
+        sX00 = smem.allocate_tensor(cutlass.Float32, x00_layout(C), 16)
 
         is_valid, batch, row0, valid_rows = chunk_coords(mCuSeqlens, mChunkOffsets, mL.shape[1],
                                                          C, self.varlen)
@@ -145,100 +130,7 @@ class AkkInverse:
             cute.autovec_copy(tLrL, tLsL)
             cute.arch.sync_threads()
 
-            # 2. Diagonal blocks X00 (kept in fp32 for step 3) and X11; zero upper-right block.
-            if warp_idx == 0:
-                self.forward_substitute(sL, sX, sX00, lane, [None] * C, 0, half, True)
-            if warp_idx == 1:
-                self.forward_substitute(sL, sX, None, half + lane, [None] * C, half, C, True)
-            if warp_idx == 3:
-                for s in cutlass.range_constexpr(half):
-                    sX[s, half + lane] = cutlass.BFloat16(0.0)
+            # 2.-4. The solve; 5. X (bf16, smem) -> Akk rows < valid_rows.
+            invert_tile(sL, sX, sX00, warp_idx, lane)
             cute.arch.sync_threads()
-
-            # 3. X10 chains over s < half, `prefix_rows` rows per warp.
-            self.lower_left_prefix(sL, sX00, sChain, lane, warp_idx)
-            cute.arch.sync_threads()
-
-            # 4. X10: continue those chains over s >= half and finalize.
-            if warp_idx == 2:
-                acc = [None] * C
-                for i in cutlass.range_constexpr(half, C):
-                    acc[i] = sChain[i - half, lane]
-                self.forward_substitute(sL, sX, None, lane, acc, half, C, False)
-            cute.arch.sync_threads()
-
-            # 5. X (bf16, smem) -> Akk rows < valid_rows.
-            thr_store = store_copy.get_slice(tidx)
-            tSsX = thr_store.partition_S(sX)
-            tSgA = thr_store.partition_D(gAkk)
-            tScA = thr_store.partition_D(cTile)
-            tSrX = cute.make_rmem_tensor_like(tSsX)
-            cute.autovec_copy(tSsX, tSrX)
-            for m in cutlass.range_constexpr(cute.size(tSgA, mode=[1])):
-                if tScA[0, m, 0][0] < valid_rows:
-                    cute.copy(store_copy, tSrX[None, m, None], tSgA[None, m, None])
-
-    # Trace-time helpers: plain Python called from the kernel. They emit straight-line code only
-    # (no runtime control flow), so their loops are Python loops, unrolled while tracing.
-
-    def forward_substitute(self, sL, sX, sXf, col, acc, begin, end, on_diagonal):
-        """Finalize x_s of column `col` for s in [begin, end), advancing the chains of rows < end.
-
-        `acc[i]` is row i's chain state (None before its first term); the chains have consumed
-        every s < begin. Right-looking in panels of 4: the panel's own triangle, then 4 steps of
-        each lower row with L[i, s0:s0+4] in one broadcast 16-byte load. `on_diagonal`: `col` may
-        be >= s (diagonal blocks), so x_s needs the 0 / 1 selects. x_s goes to sX (bf16) and, when
-        `sXf` is given, to sXf[s, col] (fp32).
-        """
-        for p in range(begin // _PANEL, end // _PANEL):
-            s0 = p * _PANEL
-            x = [None] * _PANEL
-            for k in range(_PANEL):
-                s = s0 + k
-                x[k] = self.finalize(acc[s], col, s, on_diagonal)
-                sX[s, col] = x[k].to(cutlass.BFloat16)
-                if sXf is not None:
-                    sXf[s, col] = x[k]
-                for r in range(s + 1, s0 + _PANEL):
-                    acc[r] = self.chain_step(acc[r], sL[r, s], x[k])
-            for i in range(s0 + _PANEL, end):
-                for k in range(_PANEL):
-                    acc[i] = self.chain_step(acc[i], sL[i, s0 + k], x[k])
-
-    def lower_left_prefix(self, sL, sX00, sChain, lane, warp_idx):
-        """Chains of X10 rows [half + prefix_rows * warp_idx, +prefix_rows), column `lane`, over
-        s = 0 .. half-1 (x_s from the fp32 X00), stored to sChain[i - half, lane]."""
-        half = self.half
-        rows = self.prefix_rows
-        x = [None] * half
-        for s in range(half):
-            x[s] = sX00[s, lane]
-        first = warp_idx * rows
-        sL_rows = cute.domain_offset((half + first, 0), sL)
-        sChain_rows = cute.domain_offset((first, 0), sChain)
-        acc = [None] * rows
-        for p in range(half // _PANEL):
-            for r in range(rows):
-                for k in range(_PANEL):
-                    s = p * _PANEL + k
-                    acc[r] = self.chain_step(acc[r], sL_rows[r, s], x[s])
-        for r in range(rows):
-            sChain_rows[r, lane] = acc[r]
-
-    def chain_step(self, acc, l_is, x_s):
-        """acc + l_is * x_s rounded once; the first term of a chain is the rounded product."""
-        if acc is None:
-            return cute.math.mul(l_is, x_s, rounding=_RN)
-        return cute.math.fma(l_is, x_s, acc, rounding=_RN)
-
-    def finalize(self, acc, col, row, on_diagonal):
-        """x_row of column `col`: -acc (a zero as +0.0); on diagonal blocks 1 at col == row and 0
-        for col > row."""
-        zero = cutlass.Float32(0.0)
-        below = zero
-        if acc is not None:
-            below = cutlass.Float32(cutlass.select_(acc == zero, zero, -acc))
-        if not on_diagonal:
-            return below
-        on_or_below = cutlass.Float32(cutlass.select_(col == row, cutlass.Float32(1.0), below))
-        return cutlass.Float32(cutlass.select_(col > row, zero, on_or_below))
+            store_akk_rows(store_copy, sX, gAkk, tidx, valid_rows)

@@ -110,3 +110,9 @@ def chunk_coords(mCuSeqlens: cute.Tensor, mChunkOffsets: cute.Tensor, seq_len_de
         row0 = cutlass.Int32(bidx) * chunk
         valid_rows = min(seq_len_dense - row0, chunk)
     return is_valid, batch, row0, valid_rows
+
+
+def chunk_rows(mX: cute.Tensor, batch, head, row0, rows: int) -> cute.Tensor:
+    """The [rows, D] view of a [B, T, H, D] tensor's rows row0 .. row0 + rows - 1 of one head."""
+    return cute.local_tile(cute.domain_offset((row0, 0), mX[batch, None, head, None]),
+                           (rows, mX.shape[3]), (0, 0))

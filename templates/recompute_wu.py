@@ -28,6 +28,10 @@ stores are predicated off. Akk columns j >= v are zero for valid rows (unit-lowe
 Input loads are `ld.global.nc` (the inputs are read-only for the kernel's lifetime), all unconditional,
 so each thread has a group of rows in flight at once; outputs use predicated 16-byte stores.
 
+Code: the per-row arithmetic (`gate_row`), the Akk staging and the W/U products are the shared
+device functions of templates/tile_recompute.py (also used by the fused kernel); this file holds
+the standalone launch and the global-memory loads.
+
 Constraints: K = V = 128, chunk = 64, 4 warps. Shared memory: 40 KB. No atomics, fixed arithmetic
 order: a chunk gives the same bits in dense and varlen mode and in any batch.
 """
@@ -36,48 +40,14 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.nvgpu import warp
 from cutlass.cute.runtime import make_fake_stream
 from cutlass.memory import SmemAllocator
 
 from kdajit.keys import ARCHS, VARLEN_MODES, RecomputeWUKey
-from kdajit.templates.common import DTYPES, SymbolicShapes, chunk_coords, grid_shape
-
-VEC = 8  # columns per thread access: 16 bytes of bf16 (two 16-byte loads for the fp32 gate)
-
-
-def _row_fragments(rows: int, dtype):
-    """A register tensor of `rows` contiguous 8-element vectors (row r is `t[r, None]`)."""
-    return cute.make_rmem_tensor(cute.make_layout((rows, VEC), stride=(VEC, 1)), dtype)
-
-
-@cute.jit
-def _store_vec_if(rVec: cute.Tensor, gVec: cute.Tensor, pred: cutlass.Boolean):
-    """Store 8 bf16 (16 bytes) to global memory when `pred` holds.
-
-    A predicated `st.global.v4` rather than an `if`: behind a branch, LLVM would sink the loads
-    that feed only this store into the branch, one full memory latency per row.
-    """
-    words = cute.recast_tensor(rVec, cutlass.Int32)
-    cute.arch.inline_ptx("st.global.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};",
-                         read_only_args=[gVec.iterator, words[0], words[1], words[2], words[3]],
-                         predicate=pred)
-
-
-def _swizzled_layout(shape: tuple, contiguous_mode: int, line: int):
-    """A bf16 smem layout of `shape`, tiled from atoms of 8 lines of `line` contiguous elements.
-
-    The lines run along `contiguous_mode`. Swizzle<3, 3, log2(line) - 3> XORs the 16-byte chunk
-    index of an element (offset bits 3-5) with its line index mod 8, so the 8 lines of an atom hold
-    a given chunk in 8 different bank groups: ldmatrix (plain or transposed), stores of MMA
-    accumulator fragments and 16-byte line accesses are all free of bank conflicts.
-    """
-    if contiguous_mode == 1:
-        outer = cute.make_layout((8, line), stride=(line, 1))
-    else:
-        outer = cute.make_layout((line, 8), stride=(1, line))
-    atom = cute.make_composed_layout(cute.make_swizzle(3, 3, line.bit_length() - 4), 0, outer)
-    return cute.tile_to_shape(atom, shape, (0, 1))
+from kdajit.templates.common import DTYPES, SymbolicShapes, chunk_coords, chunk_rows, grid_shape
+from kdajit.templates.tile_recompute import (NUM_WARPS, VEC, RecomputeLayouts, gate_row,
+                                             make_recompute_mma, products_w_u, row_fragments,
+                                             store_akk)
 
 
 class RecomputeWU:
@@ -96,7 +66,7 @@ class RecomputeWU:
     @staticmethod
     def can_implement(key) -> bool:
         return (isinstance(key, RecomputeWUKey)
-                and key.config.warps == 4
+                and key.config.warps == NUM_WARPS
                 and key.head_k == 128 and key.head_v == 128
                 and key.chunk == 64
                 and key.beta_dtype in DTYPES
@@ -131,19 +101,11 @@ class RecomputeWU:
                  mG: cute.Tensor, mQ: cute.Tensor, mW: cute.Tensor, mU: cute.Tensor, mKG: cute.Tensor,
                  mQG: cute.Tensor, mCuSeqlens: cute.Tensor, mChunkOffsets: cute.Tensor,
                  stream: cuda.CUstream):
-        C, K, V = self.chunk, self.head_k, self.head_v
-        mma_op = warp.MmaF16BF16Op(cutlass.BFloat16, cutlass.Float32, (16, 8, 16))
-        # 4 warps along M (16 rows each); N = 16 per tile step so that ldmatrix.x4 feeds two n8 MMAs.
-        tiled_mma = cute.make_tiled_mma(mma_op, cute.make_layout((self.num_threads // 32, 1, 1)),
-                                        permutation_mnk=(C, 16, 16))
-        sA_layout = _swizzled_layout((C, C), contiguous_mode=1, line=C)      # Akk (i, j), K-major
-        sKp_layout = _swizzled_layout((K, C), contiguous_mode=0, line=64)    # Kp as B: (d, j), N-major
-        sVp_layout = _swizzled_layout((V, C), contiguous_mode=0, line=64)    # Vp as B: (d, j), N-major
-        sOutW_layout = _swizzled_layout((C, K), contiguous_mode=1, line=K)   # W staging (i, d)
-        sOutU_layout = _swizzled_layout((C, V), contiguous_mode=1, line=V)   # U staging (i, d)
+        layouts = RecomputeLayouts(self.chunk, self.head_k, self.head_v)
         self.kernel(mK, mV, mBeta, mAkk, mG, mQ, mW, mU, mKG, mQG, mCuSeqlens, mChunkOffsets,
-                    tiled_mma, sA_layout, sKp_layout, sVp_layout, sOutW_layout, sOutU_layout).launch(
-            grid=grid_shape(mK, mCuSeqlens, C, self.varlen),
+                    make_recompute_mma(self.chunk, self.num_threads), layouts.akk, layouts.kp,
+                    layouts.vp, layouts.out_w, layouts.out_u).launch(
+            grid=grid_shape(mK, mCuSeqlens, self.chunk, self.varlen),
             block=(self.num_threads, 1, 1),
             stream=stream)
 
@@ -175,24 +137,18 @@ class RecomputeWU:
                                          num_bits_per_copy=128, invariant=True)
             ld_beta = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), mBeta.element_type,
                                           num_bits_per_copy=mBeta.element_type.width, invariant=True)
-            self.stage_operands(mK, mV, mBeta, mAkk, mG, mQ, mKG, mQG, sA, sKp, sVp, batch, head,
+            C = self.chunk
+            dKG = chunk_rows(mKG, batch, head, row0, C)
+            dQG = dKG  # never written without QG (mQG is then a small dummy)
+            if cutlass.const_expr(self.output_qg):
+                dQG = chunk_rows(mQG, batch, head, row0, C)
+            self.stage_operands(mK, mV, mBeta, mAkk, mG, mQ, dKG, dQG, sA, sKp, sVp, batch, head,
                                 row0, valid_rows, tidx, ld_bf16, ld_f32, ld_beta)
             cute.arch.sync_threads()
 
             # W = Akk @ Kp, then U = Akk @ Vp; the Akk fragments are loaded once for both.
-            thr_mma = tiled_mma.get_slice(tidx)
-            s2r_A = cute.make_tiled_copy_A(
-                cute.make_copy_atom(warp.LdMatrix8x8x16bOp(False, 4), cutlass.BFloat16), tiled_mma)
-            s2r_B = cute.make_tiled_copy_B(
-                cute.make_copy_atom(warp.LdMatrix8x8x16bOp(True, 4), cutlass.BFloat16), tiled_mma)
-            tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-            thr_s2r_A = s2r_A.get_slice(tidx)
-            cute.copy(s2r_A, thr_s2r_A.partition_S(sA), thr_s2r_A.retile(tCrA))
-
-            self.product(tiled_mma, thr_mma, s2r_B, tCrA, sKp, sOutW, mW, batch, head, row0,
-                         valid_rows, tidx)
-            self.product(tiled_mma, thr_mma, s2r_B, tCrA, sVp, sOutU, mU, batch, head, row0,
-                         valid_rows, tidx)
+            products_w_u(tiled_mma, sA, sKp, sVp, sOutW, sOutU, chunk_rows(mW, batch, head, row0, C),
+                         chunk_rows(mU, batch, head, row0, C), valid_rows, tidx)
 
     @cute.jit
     def load_akk(self, mAkk: cute.Tensor, batch: cutlass.Int32, head: cutlass.Int32,
@@ -201,12 +157,13 @@ class RecomputeWU:
         """Akk rows of this chunk -> registers (thread t: 16-byte column tile t % 8 of rows t // 8 + 16p).
 
         Loads of rows >= valid_rows are clamped to row valid_rows - 1; `store_akk` zeroes them.
+        (Global loads; the fused kernel reads the same rows from shared memory.)
         """
         chunks_per_row = self.chunk // VEC
         rows_per_pass = self.num_threads // chunks_per_row
         num_passes = self.chunk // rows_per_pass
         col_tile = tidx % chunks_per_row
-        rA = _row_fragments(num_passes, cutlass.BFloat16)
+        rA = row_fragments(num_passes, cutlass.BFloat16)
         for p in cutlass.range_constexpr(num_passes):
             row = tidx // chunks_per_row + p * rows_per_pass
             src_row = row0 + min(row, valid_rows - 1)
@@ -215,26 +172,13 @@ class RecomputeWU:
         return rA
 
     @cute.jit
-    def store_akk(self, rA: cute.Tensor, sA: cute.Tensor, valid_rows: cutlass.Int32,
-                  tidx: cutlass.Int32):
-        """The rows from `load_akk` -> sA, rows >= valid_rows replaced by zero (select)."""
-        chunks_per_row = self.chunk // VEC
-        rows_per_pass = self.num_threads // chunks_per_row
-        col_tile = tidx % chunks_per_row
-        for p in cutlass.range_constexpr(cute.size(rA, mode=[0])):
-            row = tidx // chunks_per_row + p * rows_per_pass
-            keep = cute.full((VEC,), row < valid_rows, cutlass.Boolean)
-            rA[p, None].store(cute.where(keep, rA[p, None].load(), cutlass.BFloat16(0.0)))
-            cute.autovec_copy(rA[p, None], cute.local_tile(sA[row, None], (VEC,), (col_tile,)))
-
-    @cute.jit
     def stage_operands(self, mK: cute.Tensor, mV: cute.Tensor, mBeta: cute.Tensor,
-                       mAkk: cute.Tensor, mG: cute.Tensor, mQ: cute.Tensor, mKG: cute.Tensor,
-                       mQG: cute.Tensor, sA: cute.Tensor, sKp: cute.Tensor, sVp: cute.Tensor,
+                       mAkk: cute.Tensor, mG: cute.Tensor, mQ: cute.Tensor, dKG: cute.Tensor,
+                       dQG: cute.Tensor, sA: cute.Tensor, sKp: cute.Tensor, sVp: cute.Tensor,
                        batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
                        valid_rows: cutlass.Int32, tidx: cutlass.Int32, ld_bf16: cute.CopyAtom,
                        ld_f32: cute.CopyAtom, ld_beta: cute.CopyAtom):
-        """Akk -> sA; Kp, Vp -> sKp, sVp (B-operand layout (d, j)); KG, QG -> global.
+        """Akk -> sA; Kp, Vp -> sKp, sVp (B-operand layout (d, j)); KG, QG -> dKG, dQG (global).
 
         Thread t owns columns 8 * (t % 16) .. +7 of rows t // 16 + 8p, p = 0..7. The 8 row passes
         run in groups of 2; the loads of group n + 1 are issued before group n is computed and
@@ -253,10 +197,10 @@ class RecomputeWU:
                                           (col_tile,)), rGlast)
         rA = self.load_akk(mAkk, batch, head, row0, valid_rows, tidx, ld_bf16)
         # Per pass: k, v, (q) bf16 and g fp32 for 8 columns, beta for the row.
-        rK = _row_fragments(num_passes, bf16)
-        rV = _row_fragments(num_passes, bf16)
-        rQ = _row_fragments(num_passes, bf16)
-        rG = _row_fragments(num_passes, f32)
+        rK = row_fragments(num_passes, bf16)
+        rV = row_fragments(num_passes, bf16)
+        rQ = row_fragments(num_passes, bf16)
+        rG = row_fragments(num_passes, f32)
         rBeta = cute.make_rmem_tensor((num_passes, 1), mBeta.element_type)
         for n in cutlass.range_constexpr(num_passes // group + 1):
             if cutlass.const_expr(n < num_passes // group):
@@ -274,76 +218,9 @@ class RecomputeWU:
                         cute.copy(ld_bf16, cute.local_tile(mQ[batch, src_row, head, None], (VEC,),
                                                            (col_tile,)), rQ[p, None])
             if cutlass.const_expr(n == 0):
-                self.store_akk(rA, sA, valid_rows, tidx)
+                store_akk(rA, sA, valid_rows, tidx, self.num_threads)
             else:
                 for p in cutlass.range_constexpr((n - 1) * group, n * group):
                     row = tidx // col_tiles + p * rows_per_pass
-                    self.gate_row(rK[p, None], rG[p, None], rV[p, None], rQ[p, None],
-                                  rBeta[p, 0].to(f32), rGlast, mKG, mQG, sKp, sVp, batch, head,
-                                  row0, row, valid_rows, col_tile)
-
-    @cute.jit
-    def gate_row(self, rK: cute.Tensor, rG: cute.Tensor, rV: cute.Tensor, rQ: cute.Tensor,
-                 beta: cutlass.Float32, rGlast: cute.Tensor, mKG: cute.Tensor, mQG: cute.Tensor,
-                 sKp: cute.Tensor, sVp: cute.Tensor, batch: cutlass.Int32, head: cutlass.Int32,
-                 row0: cutlass.Int32, row: cutlass.Int32, valid_rows: cutlass.Int32,
-                 col_tile: cutlass.Int32):
-        """One row's 8 columns: Kp, Vp to smem (zero past valid_rows), KG, QG to global."""
-        f32, bf16 = cutlass.Float32, cutlass.BFloat16
-        is_row_valid = row < valid_rows
-        keep = cute.full((VEC,), is_row_valid, cutlass.Boolean)
-        k = rK.load().to(f32)
-        g = rG.load()
-        gate = cute.math.exp2(g, fastmath=True)
-
-        rKp = cute.make_rmem_tensor((VEC,), bf16)
-        rKp.store(cute.where(keep, ((k * beta) * gate).to(bf16), bf16(0.0)))
-        cute.autovec_copy(rKp, cute.local_tile(sKp[None, row], (VEC,), (col_tile,)))
-        rVp = cute.make_rmem_tensor((VEC,), bf16)
-        rVp.store(cute.where(keep, (rV.load().to(f32) * beta).to(bf16), bf16(0.0)))
-        cute.autovec_copy(rVp, cute.local_tile(sVp[None, row], (VEC,), (col_tile,)))
-
-        rKG = cute.make_rmem_tensor((VEC,), bf16)
-        rKG.store((k * cute.math.exp2(rGlast.load() - g, fastmath=True)).to(bf16))
-        _store_vec_if(rKG, cute.local_tile(mKG[batch, row0 + row, head, None], (VEC,), (col_tile,)),
-                      is_row_valid)
-        if cutlass.const_expr(self.output_qg):
-            rQG = cute.make_rmem_tensor((VEC,), bf16)
-            rQG.store((rQ.load().to(f32) * gate).to(bf16))
-            _store_vec_if(rQG, cute.local_tile(mQG[batch, row0 + row, head, None], (VEC,),
-                                               (col_tile,)), is_row_valid)
-
-    @cute.jit
-    def product(self, tiled_mma: cute.TiledMma, thr_mma: cute.ThrMma, s2r_B: cute.TiledCopy,
-                tCrA: cute.Tensor, sB: cute.Tensor, sOut: cute.Tensor, mOut: cute.Tensor,
-                batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
-                valid_rows: cutlass.Int32, tidx: cutlass.Int32):
-        """mOut rows of this chunk = bf16_RN(Akk @ B), staged through sOut (which aliases sB)."""
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-        thr_s2r_B = s2r_B.get_slice(tidx)
-        tBsB = thr_s2r_B.partition_S(sB)
-        tBrB = thr_s2r_B.retile(tCrB)
-        acc = tiled_mma.make_fragment_C(thr_mma.partition_C(sOut))
-        acc.fill(0.0)
-        for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-            cute.copy(s2r_B, tBsB[None, None, kb], tBrB[None, None, kb])
-            cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
-        rOut = cute.make_rmem_tensor_like(acc, cutlass.BFloat16)
-        rOut.store(acc.load().to(cutlass.BFloat16))
-        cute.arch.sync_threads()  # every warp has finished reading sB: it becomes the staging tile
-        cute.autovec_copy(rOut, thr_mma.partition_C(sOut))
-        # Warp w's accumulator rows are 16w .. 16w+15 (MMA atoms 4x1x1 along M), and it copies out
-        # exactly those rows: a warp barrier orders the staging.
-        cute.arch.sync_warp()
-
-        lane = tidx % 32
-        warp_row0 = (tidx // 32) * 16
-        col_tiles = cute.size(sOut, mode=[1]) // VEC
-        rows_per_pass = 32 // col_tiles
-        col_tile = lane % col_tiles
-        for p in cutlass.range_constexpr(16 // rows_per_pass):
-            row = warp_row0 + lane // col_tiles + p * rows_per_pass
-            rRow = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
-            cute.autovec_copy(cute.local_tile(sOut[row, None], (VEC,), (col_tile,)), rRow)
-            _store_vec_if(rRow, cute.local_tile(mOut[batch, row0 + row, head, None], (VEC,),
-                                                (col_tile,)), row < valid_rows)
+                    gate_row(rK[p, None], rG[p, None], rV[p, None], rQ[p, None], rBeta[p, 0].to(f32),
+                             rGlast, dKG, dQG, sKp, sVp, row, valid_rows, col_tile, self.output_qg)

@@ -1,0 +1,219 @@
+"""Per-tile device functions of the intra phase: Aqk and L from q, k, g, beta in shared memory.
+
+Shared by `templates/intra.py` (L goes to the global fp32 workspace) and `templates/fused_forward.py`
+(L stays in shared memory for the inverse). The math, the block schedule and the arithmetic order
+are documented in `templates/intra.py` and docs/numerics.md; every kernel that needs these products
+calls exactly this code, so the bits cannot drift apart.
+
+Inputs are [chunk, head_k] shared tiles in the padded row layout of `padded_tile_layout` (q, k bf16;
+g fp32) and a [chunk] fp32 beta vector (0 for rows >= valid_rows). Outputs go to any [chunk, chunk]
+tensor, global or shared: the block store `store_block` only needs `partition_C` views of it.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync, warp
+
+SUB = 16        # rows of one sub-block (the MMA M)
+MMA_K = 8       # head-dim step of one mma.sync m16n8k8
+PAD_BYTES = 16  # extra bytes per shared row: shifts consecutive rows by 4 banks
+# Diagonal-block reference shift (log2 units). Under the safe gate (per-token log-gate >= -5, i.e.
+# >= -5/ln 2 = -7.21 in log2) a 16-row block spans at most 15 * 7.21 = 108.2, so with r = g[16a] - 54
+# the A factor 2^(g_i - r) lies in [2^-54.2, 2^54] and the B factor 2^(r - g_j) in [2^-54, 2^54.2].
+DIAG_SHIFT = 54.0
+
+# (row block a, diagonal?, column blocks b) per warp; see templates/intra.py.
+WARP_GROUPS = (
+    ((3, False, (0, 1, 2)),),
+    ((2, False, (0, 1)), (0, True, (0,))),
+    ((1, False, (0,)), (1, True, (1,))),
+    ((2, True, (2,)), (3, True, (3,))),
+)
+NUM_WARPS = len(WARP_GROUPS)
+
+
+def padded_pitch(dtype, cols: int) -> int:
+    """Row pitch (elements) of a padded shared tile with `cols` columns."""
+    return cols + PAD_BYTES * 8 // dtype.width
+
+
+def padded_tile_layout(dtype, rows: int, cols: int):
+    """Row-major [rows, cols] shared layout with a PAD_BYTES row pad (conflict-free fragment reads)."""
+    return cute.make_layout((rows, cols), stride=(padded_pitch(dtype, cols), 1))
+
+
+def make_intra_mma() -> cute.TiledMma:
+    """One warp per tiled TF32 MMA (m16n8k8): every warp owns whole 16x16 output blocks."""
+    return cute.make_tiled_mma(warp.MmaTF32Op((SUB, 8, MMA_K)), cute.make_layout((1, 1, 1)))
+
+
+def make_row_copy(dtype, cols: int, num_threads: int) -> cute.TiledCopy:
+    """cp.async 16-byte copies of a [rows, cols] tile by `num_threads` threads, row-major."""
+    vec = 128 // dtype.width
+    threads_per_row = cols // vec
+    atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype,
+                               num_bits_per_copy=128)
+    thr_layout = cute.make_layout((num_threads // threads_per_row, threads_per_row),
+                                  stride=(threads_per_row, 1))
+    return cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, vec)))
+
+
+@cute.jit
+def load_rows(tiled_copy: cute.TiledCopy, gX: cute.Tensor, sX: cute.Tensor, cX: cute.Tensor,
+              tidx: cutlass.Int32, valid_rows: cutlass.Int32):
+    """cp.async the rows < valid_rows of a [chunk, cols] tile; other rows stay unwritten."""
+    thr_copy = tiled_copy.get_slice(tidx)
+    tXgX = thr_copy.partition_S(gX)
+    tXsX = thr_copy.partition_D(sX)
+    tXcX = thr_copy.partition_S(cX)
+    for m in cutlass.range_constexpr(cute.size(tXgX, mode=[1])):
+        if tXcX[0, m, 0][0] < valid_rows:
+            cute.copy(tiled_copy, tXgX[None, m, None], tXsX[None, m, None])
+
+
+@cute.jit
+def load_beta(mBeta: cute.Tensor, sBeta: cute.Tensor, batch: cutlass.Int32, row0: cutlass.Int32,
+              head: cutlass.Int32, tidx: cutlass.Int32, valid_rows: cutlass.Int32,
+              chunk: cutlass.Constexpr):
+    """beta of the chunk -> sBeta as fp32 (exact), 0 for rows >= valid_rows; threads < chunk."""
+    if tidx < chunk:
+        beta = cutlass.Float32(0.0)
+        if tidx < valid_rows:
+            beta = cutlass.Float32(mBeta[batch, row0 + tidx, head])
+        sBeta[tidx] = beta
+
+
+@cute.jit
+def intra_tile(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor,
+               sBeta: cute.Tensor, dAqk: cute.Tensor, dL: cute.Tensor, warp_idx: cutlass.Int32,
+               lane: cutlass.Int32, valid_rows: cutlass.Int32, scale: cutlass.Float32):
+    """All blocks of one tile, warps 0..3 each running its static WARP_GROUPS list.
+
+    dAqk, dL: [chunk, chunk] destinations (global or shared) of Aqk (bf16) and L (fp32); rows
+    >= valid_rows are not written. The caller synchronizes before and after.
+    """
+    for w in cutlass.range_constexpr(NUM_WARPS):
+        if warp_idx == w:
+            for group in cutlass.range_constexpr(len(WARP_GROUPS[w])):
+                a, diagonal, col_blocks = WARP_GROUPS[w][group]
+                if SUB * a < valid_rows:
+                    row_block_group(tiled_mma, sQ, sK, sG, sBeta, dAqk, dL, lane, valid_rows, scale,
+                                    a, diagonal, col_blocks)
+
+
+@cute.jit
+def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor,
+                    sBeta: cute.Tensor, dAqk: cute.Tensor, dL: cute.Tensor, lane: cutlass.Int32,
+                    valid_rows: cutlass.Int32, scale: cutlass.Float32, a: cutlass.Constexpr,
+                    diagonal: cutlass.Constexpr, col_blocks: cutlass.Constexpr):
+    """Blocks (a, b) for b in col_blocks, all with one reference row; also the zero blocks b > a
+    when `diagonal` (then col_blocks == (a,))."""
+    head_k = cute.size(sQ, mode=[1])
+    row_blocks = cute.size(sQ, mode=[0]) // SUB
+    thr_mma = tiled_mma.get_slice(lane)
+    sub = (SUB, head_k)
+
+    # g[16a, d] for every (row, d) of a 16-row block: a stride-0 view of the block's first row.
+    sRef = cute.make_tensor(cute.domain_offset((SUB * a, 0), sG).iterator,
+                            cute.make_layout(sub, stride=(0, 1)))
+    cSub = cute.make_identity_tensor(sub)
+
+    # A side: rows of block a, shared by every column block of the group.
+    tAsQ = thr_mma.partition_A(cute.local_tile(sQ, sub, (a, 0)))
+    tAsK = thr_mma.partition_A(cute.local_tile(sK, sub, (a, 0)))
+    tAsG = thr_mma.partition_A(cute.local_tile(sG, sub, (a, 0)))
+    tAsRef = thr_mma.partition_A(sRef)
+    tAcA = thr_mma.partition_A(cSub)
+    rowValid = cute.make_rmem_tensor(tAcA[None, None, 0].shape, cutlass.Boolean)
+    for v in cutlass.range_constexpr(cute.size(rowValid)):
+        rowValid[v] = SUB * a + tAcA[None, None, 0][v][0] < valid_rows
+    rQA = cute.make_rmem_tensor(tAsG[None, None, 0].shape, cutlass.Float32)
+    rKA = cute.make_rmem_tensor(tAsG[None, None, 0].shape, cutlass.Float32)
+
+    # B side: per column block, the columns (k rows) of block b with the same reference.
+    tBsK = [thr_mma.partition_B(cute.local_tile(sK, sub, (b, 0))) for b in col_blocks]
+    tBsG = [thr_mma.partition_B(cute.local_tile(sG, sub, (b, 0))) for b in col_blocks]
+    tBsRef = thr_mma.partition_B(sRef)
+    tBcB = thr_mma.partition_B(cSub)
+    colValid = [cute.make_rmem_tensor(tBcB[None, None, 0].shape, cutlass.Boolean) for _ in col_blocks]
+    for n in cutlass.range_constexpr(len(col_blocks)):
+        for v in cutlass.range_constexpr(cute.size(colValid[n])):
+            colValid[n][v] = SUB * col_blocks[n] + tBcB[None, None, 0][v][0] < valid_rows
+    rKB = cute.make_rmem_tensor(tBsG[0][None, None, 0].shape, cutlass.Float32)
+
+    cC = thr_mma.partition_C(cute.make_identity_tensor((SUB, SUB)))
+    accQK = [cute.make_rmem_tensor(cC.shape, cutlass.Float32) for _ in col_blocks]
+    accKK = [cute.make_rmem_tensor(cC.shape, cutlass.Float32) for _ in col_blocks]
+    for n in cutlass.range_constexpr(len(col_blocks)):
+        accQK[n].fill(0.0)
+        accKK[n].fill(0.0)
+
+    # ///////////////////////////////////////////////////////////////////////////////
+    #  MAINLOOP: one accumulator chain per 16x8 tile over d, ascending
+    # ///////////////////////////////////////////////////////////////////////////////
+    for kk in cutlass.range(head_k // MMA_K, unroll=2):
+        refA = tAsRef[None, None, kk].load()
+        refB = tBsRef[None, None, kk].load()
+        if cutlass.const_expr(diagonal):
+            refA = refA - cutlass.Float32(DIAG_SHIFT)
+            refB = refB - cutlass.Float32(DIAG_SHIFT)
+        gateA = cute.math.exp2(tAsG[None, None, kk].load() - refA, fastmath=True)
+        rQA.store(cute.where(rowValid.load(), tAsQ[None, None, kk].load().to(cutlass.Float32) * gateA,
+                             cutlass.Float32(0.0)))
+        rKA.store(cute.where(rowValid.load(), tAsK[None, None, kk].load().to(cutlass.Float32) * gateA,
+                             cutlass.Float32(0.0)))
+        for n in cutlass.range_constexpr(len(col_blocks)):
+            gateB = cute.math.exp2(refB - tBsG[n][None, None, kk].load(), fastmath=True)
+            rKB.store(cute.where(colValid[n].load(),
+                                 tBsK[n][None, None, kk].load().to(cutlass.Float32) * gateB,
+                                 cutlass.Float32(0.0)))
+            tf32KB = cute.recast_tensor(rKB, cutlass.TFloat32)
+            cute.gemm(tiled_mma, accQK[n], cute.recast_tensor(rQA, cutlass.TFloat32), tf32KB, accQK[n])
+            cute.gemm(tiled_mma, accKK[n], cute.recast_tensor(rKA, cutlass.TFloat32), tf32KB, accKK[n])
+
+    # ///////////////////////////////////////////////////////////////////////////////
+    #  EPILOG: scale / beta, mask, cast, store rows < valid_rows
+    # ///////////////////////////////////////////////////////////////////////////////
+    rBeta = cute.make_rmem_tensor(cC.shape, cutlass.Float32)
+    for v in cutlass.range_constexpr(cute.size(rBeta)):
+        rBeta[v] = sBeta[SUB * a + cC[v][0]]
+    for n in cutlass.range_constexpr(len(col_blocks)):
+        b = col_blocks[n]
+        aqk = accQK[n].load() * scale
+        lkk = accKK[n].load() * rBeta.load()
+        if cutlass.const_expr(diagonal):
+            keepQK = cute.make_rmem_tensor(cC.shape, cutlass.Boolean)
+            keepKK = cute.make_rmem_tensor(cC.shape, cutlass.Boolean)
+            for v in cutlass.range_constexpr(cute.size(cC)):
+                keepQK[v] = cC[v][1] <= cC[v][0]
+                keepKK[v] = cC[v][1] < cC[v][0]
+            aqk = cute.where(keepQK.load(), aqk, cutlass.Float32(0.0))
+            lkk = cute.where(keepKK.load(), lkk, cutlass.Float32(0.0))
+        rAqk = cute.make_rmem_tensor(cC.shape, cutlass.BFloat16)
+        rAqk.store(aqk.to(cutlass.BFloat16))
+        rL = cute.make_rmem_tensor(cC.shape, cutlass.Float32)
+        rL.store(lkk)
+        store_block(thr_mma, rAqk, dAqk, cC, valid_rows, a, b)
+        store_block(thr_mma, rL, dL, cC, valid_rows, a, b)
+    if cutlass.const_expr(diagonal):
+        rAqkZero = cute.make_rmem_tensor(cC.shape, cutlass.BFloat16)
+        rAqkZero.fill(0.0)
+        rLZero = cute.make_rmem_tensor(cC.shape, cutlass.Float32)
+        rLZero.fill(0.0)
+        for b in cutlass.range_constexpr(a + 1, row_blocks):
+            store_block(thr_mma, rAqkZero, dAqk, cC, valid_rows, a, b)
+            store_block(thr_mma, rLZero, dL, cC, valid_rows, a, b)
+
+
+@cute.jit
+def store_block(thr_mma: cute.core.ThrMma, rX: cute.Tensor, dX: cute.Tensor, cC: cute.Tensor,
+                valid_rows: cutlass.Int32, a: cutlass.Constexpr, b: cutlass.Constexpr):
+    """Store the (a, b) 16x16 block of a [chunk, chunk] tensor (global or shared) from an
+    accumulator-layout fragment; rows >= valid_rows are skipped. Each (row half, n-tile) slice is 2
+    consecutive columns: one vector store."""
+    tCdX = thr_mma.partition_C(cute.local_tile(dX, (SUB, SUB), (a, b)))
+    for h in cutlass.range_constexpr(2):
+        if SUB * a + cC[(0, h), 0, 0][0] < valid_rows:
+            for n in cutlass.range_constexpr(cute.size(cC, mode=[2])):
+                cute.autovec_copy(rX[(None, h), 0, n], tCdX[(None, h), 0, n])

@@ -1,0 +1,176 @@
+"""Per-tile device functions of the recompute phase: Kp, Vp, KG, QG per row and W, U = Akk @ (Kp, Vp).
+
+Shared by `templates/recompute_wu.py` (inputs from global memory) and `templates/fused_forward.py`
+(inputs already in shared memory). The math and the arithmetic order are documented in
+`templates/recompute_wu.py` and docs/numerics.md.
+
+- `gate_row`: one row's 8 columns, from register vectors (wherever they were loaded from): Kp, Vp to
+  the shared B-operand tiles, KG and QG to global. Every output element is computed here only.
+- `store_akk`: Akk rows (register vectors) -> the shared A tile, rows >= valid_rows as zero.
+- `product`: W or U = bf16_RN(Akk @ B) with mma.sync m16n8k16 from the shared tiles, staged and
+  stored with 16-byte row stores.
+Output destinations are [chunk, D] tile views of global tensors (rows of this chunk).
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import warp
+
+VEC = 8  # columns per thread access: 16 bytes of bf16 (two 16-byte loads for the fp32 gate)
+NUM_WARPS = 4
+
+
+def row_fragments(rows: int, dtype):
+    """A register tensor of `rows` contiguous 8-element vectors (row r is `t[r, None]`)."""
+    return cute.make_rmem_tensor(cute.make_layout((rows, VEC), stride=(VEC, 1)), dtype)
+
+
+def swizzled_layout(shape: tuple, contiguous_mode: int, line: int):
+    """A bf16 smem layout of `shape`, tiled from atoms of 8 lines of `line` contiguous elements.
+
+    The lines run along `contiguous_mode`. Swizzle<3, 3, log2(line) - 3> XORs the 16-byte chunk
+    index of an element (offset bits 3-5) with its line index mod 8, so the 8 lines of an atom hold
+    a given chunk in 8 different bank groups: ldmatrix (plain or transposed), stores of MMA
+    accumulator fragments and 16-byte line accesses are all free of bank conflicts.
+    """
+    if contiguous_mode == 1:
+        outer = cute.make_layout((8, line), stride=(line, 1))
+    else:
+        outer = cute.make_layout((line, 8), stride=(1, line))
+    atom = cute.make_composed_layout(cute.make_swizzle(3, 3, line.bit_length() - 4), 0, outer)
+    return cute.tile_to_shape(atom, shape, (0, 1))
+
+
+class RecomputeLayouts:
+    """The shared layouts of the recompute phase for chunk C and head dims K, V."""
+
+    def __init__(self, chunk: int, head_k: int, head_v: int):
+        self.akk = swizzled_layout((chunk, chunk), contiguous_mode=1, line=chunk)   # Akk (i, j), K-major
+        self.kp = swizzled_layout((head_k, chunk), contiguous_mode=0, line=64)      # Kp as B: (d, j)
+        self.vp = swizzled_layout((head_v, chunk), contiguous_mode=0, line=64)      # Vp as B: (d, j)
+        self.out_w = swizzled_layout((chunk, head_k), contiguous_mode=1, line=head_k)  # W staging
+        self.out_u = swizzled_layout((chunk, head_v), contiguous_mode=1, line=head_v)  # U staging
+
+
+def make_recompute_mma(chunk: int, num_threads: int) -> cute.TiledMma:
+    """bf16 mma.sync m16n8k16, warps along M (16 rows each), N = 16 per step (ldmatrix.x4 feeds two n8)."""
+    mma_op = warp.MmaF16BF16Op(cutlass.BFloat16, cutlass.Float32, (16, 8, 16))
+    return cute.make_tiled_mma(mma_op, cute.make_layout((num_threads // 32, 1, 1)),
+                               permutation_mnk=(chunk, 16, 16))
+
+
+@cute.jit
+def store_vec_if(rVec: cute.Tensor, gVec: cute.Tensor, pred: cutlass.Boolean):
+    """Store 8 bf16 (16 bytes) to global memory when `pred` holds.
+
+    A predicated `st.global.v4` rather than an `if`: behind a branch, LLVM would sink the loads
+    that feed only this store into the branch, one full memory latency per row.
+    """
+    words = cute.recast_tensor(rVec, cutlass.Int32)
+    cute.arch.inline_ptx("st.global.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};",
+                         read_only_args=[gVec.iterator, words[0], words[1], words[2], words[3]],
+                         predicate=pred)
+
+
+@cute.jit
+def store_akk(rA: cute.Tensor, sA: cute.Tensor, valid_rows: cutlass.Int32, tidx: cutlass.Int32,
+              num_threads: cutlass.Constexpr):
+    """Akk rows in registers (thread t: 16-byte column tile t % 8 of rows t // 8 + 16p) -> sA, rows
+    >= valid_rows replaced by zero (select)."""
+    chunks_per_row = cute.size(sA, mode=[1]) // VEC
+    rows_per_pass = num_threads // chunks_per_row
+    col_tile = tidx % chunks_per_row
+    for p in cutlass.range_constexpr(cute.size(rA, mode=[0])):
+        row = tidx // chunks_per_row + p * rows_per_pass
+        keep = cute.full((VEC,), row < valid_rows, cutlass.Boolean)
+        rA[p, None].store(cute.where(keep, rA[p, None].load(), cutlass.BFloat16(0.0)))
+        cute.autovec_copy(rA[p, None], cute.local_tile(sA[row, None], (VEC,), (col_tile,)))
+
+
+@cute.jit
+def gate_row(rK: cute.Tensor, rG: cute.Tensor, rV: cute.Tensor, rQ: cute.Tensor,
+             beta: cutlass.Float32, rGlast: cute.Tensor, dKG: cute.Tensor, dQG: cute.Tensor,
+             sKp: cute.Tensor, sVp: cute.Tensor, row: cutlass.Int32, valid_rows: cutlass.Int32,
+             col_tile: cutlass.Int32, output_qg: cutlass.Constexpr):
+    """One row's 8 columns: Kp, Vp to smem (zero past valid_rows), KG, QG to global (dKG, dQG:
+    [chunk, K] views of this chunk's rows)."""
+    f32, bf16 = cutlass.Float32, cutlass.BFloat16
+    is_row_valid = row < valid_rows
+    keep = cute.full((VEC,), is_row_valid, cutlass.Boolean)
+    k = rK.load().to(f32)
+    g = rG.load()
+    gate = cute.math.exp2(g, fastmath=True)
+
+    rKp = cute.make_rmem_tensor((VEC,), bf16)
+    rKp.store(cute.where(keep, ((k * beta) * gate).to(bf16), bf16(0.0)))
+    cute.autovec_copy(rKp, cute.local_tile(sKp[None, row], (VEC,), (col_tile,)))
+    rVp = cute.make_rmem_tensor((VEC,), bf16)
+    rVp.store(cute.where(keep, (rV.load().to(f32) * beta).to(bf16), bf16(0.0)))
+    cute.autovec_copy(rVp, cute.local_tile(sVp[None, row], (VEC,), (col_tile,)))
+
+    rKG = cute.make_rmem_tensor((VEC,), bf16)
+    rKG.store((k * cute.math.exp2(rGlast.load() - g, fastmath=True)).to(bf16))
+    store_vec_if(rKG, cute.local_tile(dKG[row, None], (VEC,), (col_tile,)), is_row_valid)
+    if cutlass.const_expr(output_qg):
+        rQG = cute.make_rmem_tensor((VEC,), bf16)
+        rQG.store((rQ.load().to(f32) * gate).to(bf16))
+        store_vec_if(rQG, cute.local_tile(dQG[row, None], (VEC,), (col_tile,)), is_row_valid)
+
+
+@cute.jit
+def load_akk_fragments(tiled_mma: cute.TiledMma, sA: cute.Tensor, tidx: cutlass.Int32):
+    """The A fragments of Akk for this thread (ldmatrix from sA), loaded once for W and U."""
+    thr_mma = tiled_mma.get_slice(tidx)
+    s2r_A = cute.make_tiled_copy_A(
+        cute.make_copy_atom(warp.LdMatrix8x8x16bOp(False, 4), cutlass.BFloat16), tiled_mma)
+    tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+    thr_s2r_A = s2r_A.get_slice(tidx)
+    cute.copy(s2r_A, thr_s2r_A.partition_S(sA), thr_s2r_A.retile(tCrA))
+    return tCrA
+
+
+@cute.jit
+def products_w_u(tiled_mma: cute.TiledMma, sA: cute.Tensor, sKp: cute.Tensor, sVp: cute.Tensor,
+                 sOutW: cute.Tensor, sOutU: cute.Tensor, dW: cute.Tensor, dU: cute.Tensor,
+                 valid_rows: cutlass.Int32, tidx: cutlass.Int32):
+    """W = Akk @ Kp, then U = Akk @ Vp (sOutW/sOutU alias sKp/sVp); the caller synchronizes before."""
+    tCrA = load_akk_fragments(tiled_mma, sA, tidx)
+    s2r_B = cute.make_tiled_copy_B(
+        cute.make_copy_atom(warp.LdMatrix8x8x16bOp(True, 4), cutlass.BFloat16), tiled_mma)
+    product(tiled_mma, s2r_B, tCrA, sKp, sOutW, dW, valid_rows, tidx)
+    product(tiled_mma, s2r_B, tCrA, sVp, sOutU, dU, valid_rows, tidx)
+
+
+@cute.jit
+def product(tiled_mma: cute.TiledMma, s2r_B: cute.TiledCopy, tCrA: cute.Tensor, sB: cute.Tensor,
+            sOut: cute.Tensor, dOut: cute.Tensor, valid_rows: cutlass.Int32, tidx: cutlass.Int32):
+    """dOut rows < valid_rows = bf16_RN(Akk @ B), staged through sOut (which aliases sB)."""
+    thr_mma = tiled_mma.get_slice(tidx)
+    tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+    thr_s2r_B = s2r_B.get_slice(tidx)
+    tBsB = thr_s2r_B.partition_S(sB)
+    tBrB = thr_s2r_B.retile(tCrB)
+    acc = tiled_mma.make_fragment_C(thr_mma.partition_C(sOut))
+    acc.fill(0.0)
+    for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+        cute.copy(s2r_B, tBsB[None, None, kb], tBrB[None, None, kb])
+        cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
+    rOut = cute.make_rmem_tensor_like(acc, cutlass.BFloat16)
+    rOut.store(acc.load().to(cutlass.BFloat16))
+    cute.arch.sync_threads()  # every warp has finished reading sB: it becomes the staging tile
+    cute.autovec_copy(rOut, thr_mma.partition_C(sOut))
+    # Warp w's accumulator rows are 16w .. 16w+15 (MMA atoms 4x1x1 along M), and it copies out
+    # exactly those rows: a warp barrier orders the staging.
+    cute.arch.sync_warp()
+
+    lane = tidx % 32
+    warp_row0 = (tidx // 32) * 16
+    col_tiles = cute.size(sOut, mode=[1]) // VEC
+    rows_per_pass = 32 // col_tiles
+    col_tile = lane % col_tiles
+    for p in cutlass.range_constexpr(16 // rows_per_pass):
+        row = warp_row0 + lane // col_tiles + p * rows_per_pass
+        rRow = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
+        cute.autovec_copy(cute.local_tile(sOut[row, None], (VEC,), (col_tile,)), rRow)
+        store_vec_if(rRow, cute.local_tile(dOut[row, None], (VEC,), (col_tile,)), row < valid_rows)
