@@ -12,7 +12,7 @@ import time
 from typing import Callable
 
 from kdajit import env
-from kdajit.keys import AkkInverseKey, IntraKey, RecomputeWUKey, _KernelKey
+from kdajit.keys import AkkInverseKey, FusedForwardKey, IntraKey, RecomputeWUKey, _KernelKey
 
 SYMBOL = "kdajit_kernel"
 # Which template class builds each key type (imported lazily: importing cutlass costs ~0.6 s).
@@ -20,6 +20,7 @@ _TEMPLATES = {
     IntraKey: ("kdajit.templates.intra", "KdaIntra"),
     AkkInverseKey: ("kdajit.templates.akk_inverse", "AkkInverse"),
     RecomputeWUKey: ("kdajit.templates.recompute_wu", "RecomputeWU"),
+    FusedForwardKey: ("kdajit.templates.fused_forward", "FusedForward"),
 }
 # Bumped when the compile recipe below changes in a way the kernel sources do not show.
 RECIPE_VERSION = 1

@@ -46,11 +46,38 @@ class KernelConfig:
         return f"w{self.warps}"
 
 
+RASTER_ORDERS = ("chunk", "head")
+
+
+@dataclass(frozen=True)
+class FusedConfig:
+    """Launch configuration of the fused forward kernel; every value gives identical bits.
+
+    `persistent`: False = one (chunk, head) tile per CTA on the standalone kernels' grid; True = a
+    grid of min(tiles, SMs * ctas_per_sm) CTAs that walk the tiles with a static stride.
+    `ctas_per_sm`: resident CTAs per SM the persistent grid is sized for (and the occupancy the
+    launch requests). `raster`: tile order of the persistent walk, "chunk" (chunk index fastest,
+    the standalone grid's order) or "head" (head fastest: consecutive tiles read adjacent rows of
+    [B, T, H, D] memory). Non-persistent configs keep the defaults of the other two fields.
+    The reference configuration is the default instance.
+    """
+
+    persistent: bool = False
+    ctas_per_sm: int = 2
+    raster: str = "chunk"
+
+    def slug(self) -> str:
+        if not self.persistent:
+            return "tile"
+        return f"persistent-c{self.ctas_per_sm}-{self.raster}"
+
+
 @dataclass(frozen=True)
 class _KernelKey:
     """Common behaviour of the per-template compile keys."""
 
     TEMPLATE: ClassVar[str] = ""
+    CONFIG: ClassVar[type] = KernelConfig
 
     def to_json(self) -> dict:
         """Canonical JSON form (stable field order), used for hashing and metadata."""
@@ -111,7 +138,25 @@ class RecomputeWUKey(_KernelKey):
     config: KernelConfig = KernelConfig()
 
 
-KEY_TYPES = {k.TEMPLATE: k for k in (IntraKey, AkkInverseKey, RecomputeWUKey)}
+@dataclass(frozen=True)
+class FusedForwardKey(_KernelKey):
+    """The whole forward intra stage (Aqk, Akk, W, U, KG, QG when `output_qg`) in one kernel."""
+
+    TEMPLATE: ClassVar[str] = "fused_forward"
+    CONFIG: ClassVar[type] = FusedConfig
+    beta_dtype: str
+    varlen: str
+    head_k: int
+    head_v: int
+    chunk: int
+    output_qg: bool
+    arch: str
+    config: FusedConfig = FusedConfig()
+
+
+KEY_TYPES = {k.TEMPLATE: k for k in (IntraKey, AkkInverseKey, RecomputeWUKey, FusedForwardKey)}
+# Archs on which `kdajit.forward` runs the fused kernel (elsewhere: intra + inverse + recompute).
+FUSED_ARCHS = ("sm_90a",)
 
 
 def key_from_json(d: dict) -> _KernelKey:
@@ -120,8 +165,9 @@ def key_from_json(d: dict) -> _KernelKey:
     template = d.pop("template", None)
     if template not in KEY_TYPES:
         raise ValueError(f"template={template!r} is not a kdajit kernel; expected one of {tuple(KEY_TYPES)}")
-    d["config"] = KernelConfig(**d.get("config", {}))
-    return KEY_TYPES[template](**d)
+    key_type = KEY_TYPES[template]
+    d["config"] = key_type.CONFIG(**d.get("config", {}))
+    return key_type(**d)
 
 
 @dataclass(frozen=True)
@@ -156,6 +202,18 @@ class ForwardSpec:
         return RecomputeWUKey(self.beta_dtype, self.varlen, self.head_k, self.head_v, self.chunk,
                               self.output_qg, self.arch, config)
 
+    def fused_key(self, config: FusedConfig = FusedConfig()) -> FusedForwardKey:
+        return FusedForwardKey(self.beta_dtype, self.varlen, self.head_k, self.head_v, self.chunk,
+                               self.output_qg, self.arch, config)
+
+    @property
+    def uses_fused(self) -> bool:
+        """Whether `kdajit.forward` runs the fused kernel (one launch) for this spec."""
+        return self.arch in FUSED_ARCHS
+
     def kernel_keys(self) -> tuple[_KernelKey, ...]:
-        """The reference-config keys of every kernel that `kdajit.forward` runs for this spec."""
-        return (self.intra_key(), self.inverse_key(), self.recompute_key())
+        """The reference-config keys of every kernel the API runs for this spec: the standalone
+        intra, inverse and recompute (`intra`, `recompute_w_u`, and `forward` off the fused archs)
+        and, on the fused archs, the fused kernel `forward` runs."""
+        standalone = (self.intra_key(), self.inverse_key(), self.recompute_key())
+        return standalone + ((self.fused_key(),) if self.uses_fused else ())

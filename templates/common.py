@@ -60,8 +60,8 @@ def grid_shape(mQ: cute.Tensor, mCuSeqlens: cute.Tensor, chunk: int, varlen: boo
 
 @cute.jit
 def chunk_coords(mCuSeqlens: cute.Tensor, mChunkOffsets: cute.Tensor, seq_len_dense: cutlass.Int32,
-                 chunk: cutlass.Constexpr, varlen: cutlass.Constexpr):
-    """Map this CTA to its tile.
+                 chunk: cutlass.Constexpr, varlen: cutlass.Constexpr, tile_xz: cutlass.Constexpr = None):
+    """Map this CTA (or, with `tile_xz` = (x, z), the tile at grid position (x, *, z)) to its tile.
 
     Returns (is_valid, batch, row0, valid_rows): the tile covers rows [row0, row0 + valid_rows) of
     batch `batch`; `is_valid` is False for the spare CTAs of the varlen grid. `seq_len_dense` is the
@@ -73,7 +73,7 @@ def chunk_coords(mCuSeqlens: cute.Tensor, mChunkOffsets: cute.Tensor, seq_len_de
     of its (clamped) sequence, so 0 <= row0 < row0 + valid_rows <= T and 1 <= valid_rows <= chunk.
     Bad values give garbage outputs, never an out-of-bounds access.
     """
-    bidx, _, bidz = cute.arch.block_idx()
+    bidx, _, bidz = cute.arch.block_idx() if cutlass.const_expr(tile_xz is None) else (tile_xz[0], 0, tile_xz[1])
     is_valid = cutlass.Boolean(True)
     batch = cutlass.Int32(bidz)
     row0 = cutlass.Int32(0)

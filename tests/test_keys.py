@@ -3,8 +3,8 @@ import dataclasses
 
 import pytest
 
-from kdajit.keys import (BETA_DTYPES, AkkInverseKey, ForwardSpec, IntraKey, KernelConfig, RecomputeWUKey,
-                         key_from_json)
+from kdajit.keys import (BETA_DTYPES, AkkInverseKey, ForwardSpec, FusedConfig, FusedForwardKey, IntraKey, KernelConfig,
+                         RecomputeWUKey, key_from_json)
 from kdajit.outputs import BETA_TORCH_DTYPES
 
 SPEC = ForwardSpec("bf16", "cu32", 128, 128, 64, False, "sm_90a")
@@ -18,7 +18,10 @@ def test_every_field_changes_the_key(key):
     seen = {key.canonical()}
     slugs = {(key.spec_slug(), key.arch, key.config.slug())}
     for field in dataclasses.fields(key):
-        changed = dataclasses.replace(key, **{field.name: OTHER[field.name]})
+        other = OTHER[field.name]
+        if field.name == "config" and isinstance(key, FusedForwardKey):
+            other = FusedConfig(persistent=True)
+        changed = dataclasses.replace(key, **{field.name: other})
         assert changed != key
         assert changed.canonical() not in seen, field.name
         seen.add(changed.canonical())
@@ -35,13 +38,15 @@ def test_json_round_trip(key):
 
 def test_no_runtime_shapes_in_keys():
     runtime = {"batch", "b", "tokens", "t", "seq_len", "heads", "h", "n_seqs", "n", "scale"}
-    for cls in (IntraKey, AkkInverseKey, RecomputeWUKey):
+    for cls in (IntraKey, AkkInverseKey, RecomputeWUKey, FusedForwardKey):
         names = {f.name.lower() for f in dataclasses.fields(cls)}
         assert not names & runtime, cls
 
 
 def test_kernel_keys_only_hold_what_the_kernel_depends_on():
-    intra, inverse, recompute = SPEC.kernel_keys()
+    intra, inverse, recompute, fused = SPEC.kernel_keys()
+    assert isinstance(fused, FusedForwardKey)
+    assert not dataclasses.replace(SPEC, arch="sm_80").uses_fused
     other_beta = dataclasses.replace(SPEC, beta_dtype="fp32").kernel_keys()
     assert other_beta[1] == inverse  # the inverse does not read beta
     assert other_beta[0] != intra and other_beta[2] != recompute

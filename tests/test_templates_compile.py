@@ -18,7 +18,7 @@ import pytest
 import tiers
 
 from kdajit import compiler, keys
-from kdajit.keys import ForwardSpec, KernelConfig
+from kdajit.keys import RASTER_ORDERS, ForwardSpec, FusedConfig, KernelConfig
 
 SPECS = [ForwardSpec(*values) for values in itertools.product(
     keys.BETA_DTYPES, keys.VARLEN_MODES, keys.HEAD_DIMS, keys.HEAD_DIMS, keys.CHUNK_SIZES, (False, True), keys.ARCHS)]
@@ -59,23 +59,33 @@ def test_sweep_covers_every_template_and_arch():
             assert values == {getattr(k, field.name) for k in fast if k.TEMPLATE == template}, (template, field)
 
 
-@pytest.mark.parametrize("key", tiers.tiered(KEYS, REFERENCE, ids=lambda k: f"{k.arch}-{k.spec_slug()}"))
-def test_template_compiles(key, tmp_path):
-    path = os.fspath(tmp_path / "kernel.o")
-    compiler.export_object(compiler.compile_key(key), path)
-    with open(path, "rb") as f:
-        obj = f.read()
-    assert obj[:4] == b"\x7fELF" and len(obj) > 10_000, f"{len(obj)} bytes"
-    archs = cubin_archs(obj)
-    assert archs and set(archs) == {key.arch}, f"cubins for {archs}, key arch {key.arch}"
-    assert callable(compiler.load_object(path))
+# A configuration each template's can_implement must refuse (3 fused CTAs of ~115 KB overflow 228 KB).
+UNBUILDABLE_CONFIG = {"intra": KernelConfig(warps=8), "akk_inverse": KernelConfig(warps=8),
+                      "recompute_wu": KernelConfig(warps=8), "fused_forward": FusedConfig(True, 3, "chunk")}
 
 
 @pytest.mark.parametrize("template", sorted(keys.KEY_TYPES))
 def test_templates_refuse_configs_they_do_not_implement(template):
     key = next(k for k in KEYS if k.TEMPLATE == template)
     assert compiler.template_class(key).can_implement(key)
-    bad = dataclasses.replace(key, config=KernelConfig(warps=8))
+    bad = dataclasses.replace(key, config=UNBUILDABLE_CONFIG[template])
     assert not compiler.template_class(bad).can_implement(bad)
     with pytest.raises(ValueError, match="cannot implement"):
         compiler.compile_key(bad)
+
+
+FUSED_CONFIGS = [FusedConfig(True, c, r) for c in (1, 2) for r in RASTER_ORDERS]
+
+
+@pytest.mark.parametrize("config", FUSED_CONFIGS, ids=lambda c: c.slug())
+def test_fused_persistent_configs_compile(config):
+    key = ForwardSpec("fp32", "cu32", 128, 128, 64, True, "sm_90a").fused_key(config)
+    assert compiler.template_class(key).can_implement(key)
+    assert callable(compiler.callable_of(compiler.compile_key(key)))
+
+
+def test_fused_refuses_configs_that_do_not_fit():
+    spec = ForwardSpec("bf16", "cu32", 128, 128, 64, False, "sm_90a")
+    cls = compiler.template_class(spec.fused_key())
+    assert not cls.can_implement(spec.fused_key(FusedConfig(False, 1, "chunk")))  # not persistent: defaults
+    assert not cls.can_implement(dataclasses.replace(spec.fused_key(), arch="sm_80"))

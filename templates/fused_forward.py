@@ -1,0 +1,332 @@
+"""The whole KDA forward intra stage in one kernel: Aqk, Akk, W, U, KG (and QG) per (chunk, head) tile.
+
+Bitwise equal to the standalone route (intra -> akk_inverse -> recompute_wu) by construction: every
+output element is computed by the same device functions (templates/tile_intra.py, tile_inverse.py,
+tile_recompute.py) from the same operand values, in the order docs/numerics.md fixes. Only where the
+operands live changes: L and Akk never leave the CTA, and k, g are read from HBM once.
+
+Per tile (4 warps, 128 threads; all warps take part in every phase):
+1. loads: q, k (bf16), g (fp32) rows < v by 16-byte cp.async into padded shared tiles, beta as fp32
+   into a 64-entry vector (0 for rows >= v); v rows by 16-byte `ld.global.nc` straight into registers
+   (clamped to row v - 1, as the standalone recompute does), in flight during phases 2-3.
+2. intra (`intra_tile`): Aqk blocks -> global, L blocks -> shared fp32 (rows >= v set to +0: the
+   shared state the standalone inverse builds from the workspace).
+3. inverse (`invert_tile`): Akk in shared bf16; rows < v -> global with 16-byte stores (the same
+   function as the standalone inverse's last step).
+4. recompute: Akk rows -> registers -> the swizzled A tile (rows >= v zero, `store_akk`); per row,
+   `gate_row` from k, g, q in shared memory, v in registers and beta from the shared vector: Kp, Vp
+   -> shared B tiles, KG (QG) -> global; then W, U (`products_w_u`) -> global.
+The standalone recompute reads the bf16 Akk that step 3 stores; here the same bf16 values come from
+shared memory, so the A operand is bit-identical. Rows >= v hold values (clamped or unwritten) that are
+replaced by zero with a select or never stored, exactly as in the standalone kernels.
+
+Shared memory (`fused_smem_struct`, K = V = 128, chunk 64): work region 28,672 B (L fp32 16 KiB, X00
+fp32 4 KiB, Akk bf16 8 KiB; after the inverse the same bytes hold the swizzled Akk A tile 8 KiB and Kp
+16 KiB), Vp 16,384 B, q and k 17,408 B each, g 33,792 B, beta 256 B: 113,920 B, 114,688 B with the
+struct's 1 KiB end alignment; two CTAs fit an SM (2 x (114,688 + 1,024 reserved) <= 233,472 B).
+
+Scheduling (`FusedConfig`): one tile per CTA on the standalone grid (templates/common.py), or
+persistent CTAs walking tile indices with a static stride (tile = blockIdx.x, += gridDim.x), each
+index mapped to (chunk, head, batch) in the configured raster order and then to rows by the same
+`chunk_coords` as the standalone kernels (dense and varlen; the varlen chunk map stays on the
+device). A tile's shared buffers are reused by the next tile of the CTA after the next tile's load
+barrier, so no extra synchronisation is needed between tiles.
+
+Sizes are template parameters (chunk, head_k, head_v from the key); the device functions currently
+implement chunk 64, K = V = 128 (`can_implement`).
+"""
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_fake_stream
+from cutlass.memory import SmemAllocator
+
+from kdajit.keys import FUSED_ARCHS, RASTER_ORDERS, VARLEN_MODES, FusedForwardKey
+from kdajit.templates.common import DTYPES, SymbolicShapes, chunk_coords, chunk_rows, grid_shape
+from kdajit.templates.tile_intra import (intra_tile, load_beta, load_rows, make_intra_mma, make_row_copy,
+                                         padded_pitch, padded_tile_layout)
+from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_layout, make_akk_store_copy,
+                                           make_l_load_copy, store_akk_rows, x00_layout, zero_rows_from)
+from kdajit.templates.tile_recompute import (VEC, RecomputeLayouts, gate_row, make_recompute_mma,
+                                             products_w_u, row_fragments, store_akk)
+
+NUM_THREADS = 128
+SMEM_PER_SM = 233_472          # H100/H200: 228 KiB of shared memory per SM
+SMEM_PER_CTA_MAX = 232_448     # 227 KiB usable by one CTA
+SMEM_RESERVED_PER_CTA = 1_024  # taken by the system for every resident CTA
+SMEM_CARVEOUT_MAX = 100        # percent: all of the unified L1 / shared array as shared memory, so
+                               # that ctas_per_sm CTAs are resident (the driver's choice is only a hint)
+
+
+def _struct(name: str, fields: list):
+    """A `cute.struct` from (name, type) pairs (annotations built as values, not strings)."""
+    return cute.struct(type(name, (), {"__annotations__": dict(fields)}))
+
+
+def fused_smem_struct(chunk: int, head_k: int, head_v: int):
+    """(Smem, InverseWork, RecomputeWork): the fused kernel's shared memory as `cute.struct`s.
+
+    InverseWork and RecomputeWork are two views of Smem.work (phases 2-3 and phase 4)."""
+    S = cute.struct
+    bf16, f32 = cutlass.BFloat16, cutlass.Float32
+    inverse_work = _struct("InverseWork", [
+        ("l", S.MemRange[f32, chunk * chunk]),
+        ("x00", S.MemRange[f32, (chunk // 2) ** 2]),
+        ("akk", S.MemRange[bf16, chunk * chunk]),
+    ])
+    recompute_work = _struct("RecomputeWork", [
+        ("akk", S.Align[S.MemRange[bf16, chunk * chunk], 1024]),
+        ("kp", S.Align[S.MemRange[bf16, head_k * chunk], 1024]),
+    ])
+    work_bytes = max(inverse_work.__sizeof__(), recompute_work.__sizeof__())
+    smem = _struct("FusedSmem", [
+        ("work", S.Align[S.MemRange[cutlass.Uint8, work_bytes], 1024]),
+        ("vp", S.Align[S.MemRange[bf16, head_v * chunk], 1024]),
+        ("q", S.Align[S.MemRange[bf16, chunk * padded_pitch(bf16, head_k)], 128]),
+        ("k", S.Align[S.MemRange[bf16, chunk * padded_pitch(bf16, head_k)], 128]),
+        ("g", S.Align[S.MemRange[f32, chunk * padded_pitch(f32, head_k)], 128]),
+        ("beta", S.Align[S.MemRange[f32, chunk], 16]),
+    ])
+    return smem, inverse_work, recompute_work
+
+
+def smem_bytes(key: FusedForwardKey) -> int:
+    """Shared memory of one CTA of `key`'s kernel."""
+    return fused_smem_struct(key.chunk, key.head_k, key.head_v)[0].__sizeof__()
+
+
+class FusedForward:
+    """Aqk, Akk, W, U, KG (and QG when `key.output_qg`) in one launch; see the module docstring."""
+
+    def __init__(self, key: FusedForwardKey):
+        self.key = key
+        self.chunk, self.head_k, self.head_v = key.chunk, key.head_k, key.head_v
+        self.output_qg = key.output_qg
+        self.varlen = key.varlen != "dense"
+        self.beta_dtype = DTYPES[key.beta_dtype]
+        self.config = key.config
+        self.num_threads = NUM_THREADS
+
+    @staticmethod
+    def can_implement(key) -> bool:
+        if not isinstance(key, FusedForwardKey):
+            return False
+        cfg = key.config
+        fits = (key.chunk == 64 and key.head_k == 128 and key.head_v == 128
+                and key.beta_dtype in DTYPES and key.varlen in VARLEN_MODES and key.arch in FUSED_ARCHS
+                and isinstance(key.output_qg, bool))
+        if not fits or not isinstance(cfg.persistent, bool) or cfg.raster not in RASTER_ORDERS:
+            return False
+        if not cfg.persistent and cfg != type(cfg)():  # one tile per CTA: the other fields do not apply
+            return False
+        if not isinstance(cfg.ctas_per_sm, int) or cfg.ctas_per_sm < 1:
+            return False
+        per_cta = smem_bytes(key)
+        return (per_cta <= SMEM_PER_CTA_MAX
+                and cfg.ctas_per_sm * (per_cta + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM
+                and cfg.ctas_per_sm * NUM_THREADS <= 2048)
+
+    def fake_args(self) -> tuple:
+        shapes = SymbolicShapes()
+        bf16, f32 = cutlass.BFloat16, cutlass.Float32
+        # Without QG, qg is never touched: its own sizes let the caller pass a small dummy.
+        qg_shapes = shapes if self.output_qg else SymbolicShapes()
+        cu_seqlens, chunk_offsets = shapes.seq_vectors(self.key.varlen)
+        return (
+            shapes.bthd(bf16, self.head_k),       # mQ
+            shapes.bthd(bf16, self.head_k),       # mK
+            shapes.bthd(bf16, self.head_v),       # mV
+            shapes.bthd(f32, self.head_k),        # mG
+            shapes.bth(self.beta_dtype),          # mBeta
+            shapes.bthd(bf16, self.chunk),        # mAqk
+            shapes.bthd(bf16, self.chunk),        # mAkk
+            shapes.bthd(bf16, self.head_k),       # mW
+            shapes.bthd(bf16, self.head_v),       # mU
+            shapes.bthd(bf16, self.head_k),       # mKG
+            qg_shapes.bthd(bf16, self.head_k),    # mQG
+            cu_seqlens,
+            chunk_offsets,
+            cutlass.Float32(1.0),                 # scale
+            cutlass.Int32(1),                     # max_ctas (persistent grid bound)
+            make_fake_stream(use_tvm_ffi_env_stream=True),
+        )
+
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mG: cute.Tensor,
+                 mBeta: cute.Tensor, mAqk: cute.Tensor, mAkk: cute.Tensor, mW: cute.Tensor,
+                 mU: cute.Tensor, mKG: cute.Tensor, mQG: cute.Tensor, mCuSeqlens: cute.Tensor,
+                 mChunkOffsets: cute.Tensor, scale: cutlass.Float32, max_ctas: cutlass.Int32,
+                 stream: cuda.CUstream):
+        bf16, f32 = cutlass.BFloat16, cutlass.Float32
+        tiles = grid_shape(mQ, mCuSeqlens, self.chunk, self.varlen)
+        grid = tiles
+        if cutlass.const_expr(self.config.persistent):
+            grid = (min(tiles[0] * tiles[1] * tiles[2], max_ctas), 1, 1)
+        layouts = RecomputeLayouts(self.chunk, self.head_k, self.head_v)
+        smem_struct, inverse_work, recompute_work = fused_smem_struct(self.chunk, self.head_k, self.head_v)
+        self.smem_struct, self.inverse_work, self.recompute_work = smem_struct, inverse_work, recompute_work
+        self.kernel(mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, mChunkOffsets, scale,
+                    tiles[0], make_intra_mma(), make_row_copy(bf16, self.head_k, self.num_threads),
+                    make_row_copy(f32, self.head_k, self.num_threads), make_l_load_copy(self.num_threads),
+                    make_akk_store_copy(self.num_threads), make_recompute_mma(self.chunk, self.num_threads),
+                    layouts.akk, layouts.kp, layouts.vp, layouts.out_w, layouts.out_u).launch(
+            grid=grid, block=(self.num_threads, 1, 1), stream=stream,
+            min_blocks_per_mp=self.config.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_MAX)
+
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mG: cute.Tensor,
+               mBeta: cute.Tensor, mAqk: cute.Tensor, mAkk: cute.Tensor, mW: cute.Tensor,
+               mU: cute.Tensor, mKG: cute.Tensor, mQG: cute.Tensor, mCuSeqlens: cute.Tensor,
+               mChunkOffsets: cute.Tensor, scale: cutlass.Float32, tiles_x: cutlass.Int32,
+               intra_mma: cute.TiledMma, copy_qk: cute.TiledCopy, copy_g: cute.TiledCopy,
+               l_copy: cute.TiledCopy, akk_store_copy: cute.TiledCopy, wu_mma: cute.TiledMma,
+               sA_layout: cute.ComposedLayout, sKp_layout: cute.ComposedLayout,
+               sVp_layout: cute.ComposedLayout, sOutW_layout: cute.ComposedLayout,
+               sOutU_layout: cute.ComposedLayout):
+        C, K = self.chunk, self.head_k
+        bf16, f32 = cutlass.BFloat16, cutlass.Float32
+        storage = SmemAllocator().allocate(self.smem_struct)
+        inv = self.inverse_work(storage.work.data_ptr())
+        rec = self.recompute_work(storage.work.data_ptr())
+        smem = (
+            storage.q.get_tensor(padded_tile_layout(bf16, C, K)),
+            storage.k.get_tensor(padded_tile_layout(bf16, C, K)),
+            storage.g.get_tensor(padded_tile_layout(f32, C, K)),
+            storage.beta.get_tensor(cute.make_layout(C)),
+            inv.l.get_tensor(l_tile_layout(C)),
+            inv.x00.get_tensor(x00_layout(C)),
+            inv.akk.get_tensor(akk_tile_layout(C)),
+            rec.akk.get_tensor(sA_layout),
+            rec.kp.get_tensor(sKp_layout),
+            storage.vp.get_tensor(sVp_layout),
+            # The output staging tiles reuse the Kp / Vp buffers once every warp has read them.
+            rec.kp.get_tensor(sOutW_layout),
+            storage.vp.get_tensor(sOutU_layout),
+        )
+        ops = (intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma)
+        tensors = (mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, mChunkOffsets)
+        if cutlass.const_expr(self.config.persistent):
+            bidx, _, _ = cute.arch.block_idx()
+            gdim, _, _ = cute.arch.grid_dim()
+            heads = mQ.shape[2]
+            tiles = tiles_x * heads * mQ.shape[0]  # varlen: B == 1
+            tile = cutlass.Int32(bidx)
+            while tile < tiles:
+                # Raster order of the walk: which of chunk x and head varies fastest.
+                x = tile % tiles_x
+                head = (tile // tiles_x) % heads
+                if cutlass.const_expr(self.config.raster == "head"):
+                    head = tile % heads
+                    x = (tile // heads) % tiles_x
+                z = tile // (tiles_x * heads)
+                self.process_tile(tensors, smem, ops, scale, x, head, z)
+                tile = tile + cutlass.Int32(gdim)
+        else:
+            bidx, head, bidz = cute.arch.block_idx()
+            self.process_tile(tensors, smem, ops, scale, cutlass.Int32(bidx), cutlass.Int32(head),
+                              cutlass.Int32(bidz))
+
+    @cute.jit
+    def process_tile(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, ops: cutlass.Constexpr,
+                     scale: cutlass.Float32, tile_x: cutlass.Int32, head: cutlass.Int32,
+                     tile_z: cutlass.Int32):
+        """Phases 1-4 of the module docstring for the tile at grid position (tile_x, head, tile_z)."""
+        mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, mChunkOffsets = tensors
+        sQ, sK, sG, sBeta, sL, sX00, sX, sA, sKp, sVp, sOutW, sOutU = smem
+        intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma = ops
+        C, K = self.chunk, self.head_k
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+        is_valid, batch, row0, valid_rows = chunk_coords(mCuSeqlens, mChunkOffsets, mQ.shape[1], C,
+                                                         self.varlen, (tile_x, tile_z))
+        if is_valid:
+            # 1. Loads: q, k, g, beta -> smem; v -> registers (used in phase 4).
+            tile = (C, K)
+            cTile = cute.make_identity_tensor(tile)
+            load_rows(copy_qk, chunk_rows(mQ, batch, head, row0, C), sQ, cTile, tidx, valid_rows)
+            load_rows(copy_qk, chunk_rows(mK, batch, head, row0, C), sK, cTile, tidx, valid_rows)
+            load_rows(copy_g, chunk_rows(mG, batch, head, row0, C), sG, cTile, tidx, valid_rows)
+            cute.arch.cp_async_commit_group()
+            rV = self.load_v_rows(mV, batch, head, row0, valid_rows, tidx)
+            load_beta(mBeta, sBeta, batch, row0, head, tidx, valid_rows, C)
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.sync_threads()
+
+            # 2. Intra: Aqk -> global, L -> smem; L rows >= valid_rows := +0.
+            intra_tile(intra_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, C), sL, warp_idx,
+                       lane, valid_rows, scale)
+            zero_rows_from(l_copy, sL, tidx, valid_rows)
+            cute.arch.sync_threads()
+
+            # 3. Inverse in smem; Akk rows < valid_rows -> global.
+            invert_tile(sL, sX, sX00, warp_idx, lane)
+            cute.arch.sync_threads()
+            store_akk_rows(akk_store_copy, sX, chunk_rows(mAkk, batch, head, row0, C), tidx, valid_rows)
+
+            # 4. Recompute: Akk -> A tile (reusing the L / X bytes), Kp, Vp, KG, QG, then W, U.
+            rA = self.akk_rows_from_smem(sX, tidx)
+            cute.arch.sync_threads()  # every thread has read sX and sL: the work region is free
+            store_akk(rA, sA, valid_rows, tidx, self.num_threads)
+            self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
+                           batch, head, row0, valid_rows, tidx)
+            cute.arch.sync_threads()
+            products_w_u(wu_mma, sA, sKp, sVp, sOutW, sOutU, chunk_rows(mW, batch, head, row0, C),
+                         chunk_rows(mU, batch, head, row0, C), valid_rows, tidx)
+
+    @cute.jit
+    def load_v_rows(self, mV: cute.Tensor, batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
+                    valid_rows: cutlass.Int32, tidx: cutlass.Int32):
+        """v of this thread's gate_row rows (t // 16 + 8p, columns 8 (t % 16) ..), clamped to row
+        valid_rows - 1 as in the standalone recompute; invariant 16-byte loads, all in flight."""
+        col_tiles = self.head_v // VEC
+        rows_per_pass = self.num_threads // col_tiles
+        num_passes = self.chunk // rows_per_pass
+        ld_bf16 = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), cutlass.BFloat16, num_bits_per_copy=128,
+                                      invariant=True)
+        rV = row_fragments(num_passes, cutlass.BFloat16)
+        for p in cutlass.range_constexpr(num_passes):
+            src_row = row0 + min(tidx // col_tiles + p * rows_per_pass, valid_rows - 1)
+            cute.copy(ld_bf16, cute.local_tile(mV[batch, src_row, head, None], (VEC,), (tidx % col_tiles,)),
+                      rV[p, None])
+        return rV
+
+    @cute.jit
+    def akk_rows_from_smem(self, sX: cute.Tensor, tidx: cutlass.Int32):
+        """The bf16 Akk rows `store_akk` expects (thread t: column tile t % 8 of rows t // 8 + 16p)."""
+        chunks_per_row = self.chunk // VEC
+        rows_per_pass = self.num_threads // chunks_per_row
+        rA = row_fragments(self.chunk // rows_per_pass, cutlass.BFloat16)
+        for p in cutlass.range_constexpr(self.chunk // rows_per_pass):
+            row = tidx // chunks_per_row + p * rows_per_pass
+            cute.autovec_copy(cute.local_tile(sX[row, None], (VEC,), (tidx % chunks_per_row,)), rA[p, None])
+        return rA
+
+    @cute.jit
+    def gate_rows(self, sK: cute.Tensor, sG: cute.Tensor, sQ: cute.Tensor, sBeta: cute.Tensor,
+                  rV: cute.Tensor, dKG: cute.Tensor, mQG: cute.Tensor, sKp: cute.Tensor, sVp: cute.Tensor,
+                  batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
+                  valid_rows: cutlass.Int32, tidx: cutlass.Int32):
+        """`gate_row` for this thread's rows t // 16 + 8p, columns 8 (t % 16) .., operands from smem."""
+        f32, bf16 = cutlass.Float32, cutlass.BFloat16
+        col_tiles = self.head_k // VEC
+        rows_per_pass = self.num_threads // col_tiles
+        col_tile = tidx % col_tiles
+        dQG = dKG  # never written without QG (mQG is then a small dummy)
+        if cutlass.const_expr(self.output_qg):
+            dQG = chunk_rows(mQG, batch, head, row0, self.chunk)
+        rGlast = cute.make_rmem_tensor((VEC,), f32)
+        cute.autovec_copy(cute.local_tile(sG[valid_rows - 1, None], (VEC,), (col_tile,)), rGlast)
+        rK = cute.make_rmem_tensor((VEC,), bf16)
+        rG = cute.make_rmem_tensor((VEC,), f32)
+        rQ = cute.make_rmem_tensor((VEC,), bf16)
+        for p in cutlass.range_constexpr(cute.size(rV, mode=[0])):
+            row = tidx // col_tiles + p * rows_per_pass
+            cute.autovec_copy(cute.local_tile(sK[row, None], (VEC,), (col_tile,)), rK)
+            cute.autovec_copy(cute.local_tile(sG[row, None], (VEC,), (col_tile,)), rG)
+            if cutlass.const_expr(self.output_qg):
+                cute.autovec_copy(cute.local_tile(sQ[row, None], (VEC,), (col_tile,)), rQ)
+            gate_row(rK, rG, rV[p, None], rQ, sBeta[row], rGlast, dKG, dQG, sKp, sVp, row, valid_rows,
+                     col_tile, self.output_qg)
