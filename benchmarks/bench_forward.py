@@ -1,28 +1,44 @@
-"""Time kdajit.forward against FLA's Triton chunk_kda_fwd_intra in the same process, and say where time goes.
+"""Time kdajit.forward (fused and standalone routes) against FLA's chunk_kda_fwd_intra in the same process.
 
-    python benchmarks/bench_forward.py [--B 2 --T 8192 --H 64] [--json out.json]
+    python benchmarks/bench_forward.py [--rows all|main] [--configs] [--json out.json] [--plot out.png]
 
-Prints, per case: median time of each implementation (triton.testing.do_bench, median of repeats),
-the ratio FLA / kdajit (> 1: kdajit faster), effective bandwidth over the minimal traffic (each input
-read once, each output written once), and a per-kernel breakdown of kdajit from the torch profiler.
+Rows (K = V = 128, chunk 64, output_qg=False, FLA with safe_gate=True): B=2 T=8192 H=64 with bf16 and
+fp32 beta; 32 packed sequences of lengths uniform in 1..4096 (seed 0), H=64; B=1 T=8192 H=32;
+B=8 T=2048 H=32; B=1 T=65536 H=8. Every input set is larger than the H200's 50 MB L2, so one set is
+timed without rotation. Per row: median time (triton.testing.do_bench: warm-up, then the median of
+>= 20 timed runs) of FLA, kdajit's fused route (what `forward` runs on sm_90a), and the standalone route
+(intra + inverse + recompute), the ratio FLA / fused, the fraction of the HBM floor (minimal traffic:
+each input read once, each output written once, at the measured copy rate), and a per-kernel breakdown
+from the torch profiler. `--configs` also times every fused configuration. Prints a markdown table.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import torch
 
-import kdajit
-from kdajit import reference
+from kdajit import api, reference
+from kdajit.keys import RASTER_ORDERS, FusedConfig
 
 HBM_TBPS = 4.18  # measured copy bandwidth of the H200 (read + write bytes / time)
+ROWS = {  # name: (B, T, H, beta, number of packed sequences or 0 for dense)
+    "B2-T8192-H64-bf16": (2, 8192, 64, "bf16", 0),
+    "B2-T8192-H64-fp32": (2, 8192, 64, "fp32", 0),
+    "varlen32-H64": (1, None, 64, "bf16", 32),
+    "B1-T8192-H32": (1, 8192, 32, "bf16", 0),
+    "B8-T2048-H32": (8, 2048, 32, "bf16", 0),
+    "B1-T65536-H8": (1, 65536, 8, "bf16", 0),
+}
+MAIN_ROWS = ("B2-T8192-H64-bf16", "B2-T8192-H64-fp32")
+CONFIGS = [FusedConfig()] + [FusedConfig(True, c, r) for c in (1, 2) for r in RASTER_ORDERS]
 
 
-def minimal_bytes(B: int, T: int, H: int, K: int, V: int, chunk: int, beta_bytes: int) -> int:
-    inputs = B * T * H * (2 * K * 2 + V * 2 + K * 4 + beta_bytes)  # q, k, v bf16; gk fp32; beta
-    outputs = B * T * H * (2 * chunk * 2 + 2 * K * 2 + V * 2)  # Aqk, Akk; w, kg; u
+def minimal_bytes(tokens: int, H: int, K: int, V: int, chunk: int, beta_bytes: int) -> int:
+    inputs = tokens * H * (2 * K * 2 + V * 2 + K * 4 + beta_bytes)  # q, k, v bf16; gk fp32; beta
+    outputs = tokens * H * (2 * chunk * 2 + 2 * K * 2 + V * 2)  # Aqk, Akk; w, kg; u
     return inputs + outputs
 
 
@@ -50,66 +66,112 @@ def kernel_breakdown(fn) -> list[tuple[str, float]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
-def run_case(B: int, T: int, H: int, beta: str, varlen: bool) -> dict:
+def make_row_inputs(B, T, H, beta, sequences):
     beta_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[beta]
     cu = None
-    if varlen:  # 8 sequences of random lengths summing to B*T, packed
-        cuts = sorted(torch.randperm(B * T - 1)[:7].add(1).tolist())
-        cu = torch.tensor([0, *cuts, B * T], dtype=torch.int32, device="cuda")
-        x = reference.make_inputs(1, B * T, H, beta_dtype=beta_dtype, cu_seqlens=cu, device="cuda")
-    else:
-        x = reference.make_inputs(B, T, H, beta_dtype=beta_dtype, device="cuda")
-    args = (x["q"], x["k"], x["v"], x["gk"], x["beta"])
-    scale = x["q"].shape[-1] ** -0.5
+    if sequences:
+        g = torch.Generator().manual_seed(0)
+        lengths = torch.randint(1, 4097, (sequences,), generator=g)
+        cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32).cuda()
+        B, T = 1, int(lengths.sum())
+    x = reference.make_inputs(B, T, H, beta_dtype=beta_dtype, cu_seqlens=cu, device="cuda")
+    return x, cu, B * T
 
-    def ours():
-        return kdajit.forward(*args, scale, cu_seqlens=cu)
 
-    result = {"B": B, "T": T, "H": H, "K": 128, "V": 128, "beta": beta, "varlen": varlen,
-              "gpu": torch.cuda.get_device_name()}
-    result["kdajit_ms"] = bench(ours)
+def run_row(name: str, with_configs: bool) -> dict:
+    B, T, H, beta, sequences = ROWS[name]
+    x, cu, tokens = make_row_inputs(B, T, H, beta, sequences)
+    args = (x["q"], x["k"], x["v"], x["gk"], x["beta"], None, cu, 64, False, True, None)
+
+    def fused(config=FusedConfig()):
+        return lambda: api._forward(*args, fused_config=config)
+
+    def standalone():
+        os.environ["KDAJIT_FORWARD_ROUTE"] = "standalone"
+        try:
+            return api._forward(*args)
+        finally:
+            del os.environ["KDAJIT_FORWARD_ROUTE"]
+
+    r = {"row": name, "B": B, "T": T, "H": H, "tokens": tokens, "sequences": sequences, "beta": beta,
+         "gpu": torch.cuda.get_device_name()}
+    r["fused_ms"] = bench(fused())
+    r["standalone_ms"] = bench(standalone)
+    if with_configs:
+        r["configs_ms"] = {c.slug(): bench(fused(c)) for c in CONFIGS}
     try:
         from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra as fla_intra
 
-        def theirs():
-            return fla_intra(*args, scale, cu_seqlens=cu, safe_gate=True)
-
-        result["fla_ms"] = bench(theirs)
-        result["fla_over_kdajit"] = result["fla_ms"] / result["kdajit_ms"]
+        scale = x["q"].shape[-1] ** -0.5
+        r["fla_ms"] = bench(lambda: fla_intra(x["q"], x["k"], x["v"], x["gk"], x["beta"], scale, cu_seqlens=cu,
+                                              safe_gate=True))
     except ImportError:
-        result["fla_ms"] = None
-    nbytes = minimal_bytes(B, T, H, 128, 128, 64, beta_dtype.itemsize)
-    result["min_bytes"] = nbytes
-    result["floor_ms"] = nbytes / (HBM_TBPS * 1e12) * 1e3
-    result["kdajit_TBps"] = nbytes / (result["kdajit_ms"] * 1e-3) / 1e12
-    result["kernels"] = kernel_breakdown(ours)
-    return result
+        r["fla_ms"] = None
+    nbytes = minimal_bytes(tokens, H, 128, 128, 64, x["beta"].element_size())
+    r["floor_ms"] = nbytes / (HBM_TBPS * 1e12) * 1e3
+    r["fused_floor_fraction"] = r["floor_ms"] / r["fused_ms"]
+    r["fused_kernels"] = kernel_breakdown(fused())
+    r["standalone_kernels"] = kernel_breakdown(standalone)
+    return r
+
+
+def markdown(results: list[dict]) -> str:
+    lines = ["| shape | FLA ms | kdajit fused ms | FLA/fused | % of floor | standalone ms | floor ms |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        fla = f"{r['fla_ms']:.3f}" if r["fla_ms"] else "n/a"
+        ratio = f"{r['fla_ms'] / r['fused_ms']:.2f}x" if r["fla_ms"] else "n/a"
+        lines.append(f"| {r['row']} | {fla} | {r['fused_ms']:.3f} | {ratio} | {100 * r['fused_floor_fraction']:.0f}% "
+                     f"| {r['standalone_ms']:.3f} | {r['floor_ms']:.3f} |")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted(results, key=lambda r: r["tokens"] * r["H"])
+    work = [r["tokens"] * r["H"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, field in (("FLA", "fla_ms"), ("kdajit fused", "fused_ms"), ("kdajit standalone", "standalone_ms"),
+                         ("HBM floor", "floor_ms")):
+        ax.plot(work, [r[field] or float("nan") for r in rows], "o-" if field != "floor_ms" else "k--", label=label)
+    ax.set_xscale("log"), ax.set_yscale("log")
+    ax.set_xlabel("tokens x heads"), ax.set_ylabel("ms"), ax.legend(), ax.grid(True, which="both", alpha=0.3)
+    ax.set_title(f"KDA forward intra, K=V=128, {rows[0]['gpu']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--B", type=int, default=2)
-    parser.add_argument("--T", type=int, default=8192)
-    parser.add_argument("--H", type=int, default=64)
+    parser.add_argument("--rows", choices=("all", "main"), default="all", help="main: the two B=2 T=8192 H=64 rows")
+    parser.add_argument("--configs", action="store_true", help="also time every fused configuration")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--plot", help="draw time against tokens x heads to this PNG (needs matplotlib)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_forward needs a CUDA GPU")
         return 1
     results = []
-    for beta, varlen in (("bf16", False), ("fp32", False), ("bf16", True)):
-        r = run_case(args.B, args.T, args.H, beta, varlen)
+    for name in (ROWS if args.rows == "all" else MAIN_ROWS):
+        r = run_row(name, args.configs)
         results.append(r)
-        fla = f"{r['fla_ms']:.3f} ms" if r["fla_ms"] else "n/a"
-        ratio = f"{r['fla_over_kdajit']:.2f}x" if r["fla_ms"] else "n/a"
-        print(f"B={r['B']} T={r['T']} H={r['H']} beta={beta} {'varlen(8)' if varlen else 'dense'}: "
-              f"kdajit {r['kdajit_ms']:.3f} ms, FLA {fla}, FLA/kdajit {ratio}, "
-              f"{r['kdajit_TBps']:.2f} TB/s effective (floor {r['floor_ms']:.3f} ms)")
-        for name, ms in r["kernels"][:8]:
-            print(f"    {ms:8.3f} ms  {name}")
+        print(f"{name}: fused {r['fused_ms']:.3f} ms, standalone {r['standalone_ms']:.3f} ms, FLA "
+              f"{r['fla_ms'] or float('nan'):.3f} ms, floor {r['floor_ms']:.3f} ms", flush=True)
+        for route in ("fused_kernels", "standalone_kernels"):
+            for kernel, ms in r[route][:4]:
+                print(f"    {route[:-8]:10} {ms:8.3f} ms  {kernel}")
+        if args.configs:
+            print("    configs: " + ", ".join(f"{k} {v:.3f}" for k, v in r["configs_ms"].items()))
+    print(markdown(results))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+    if args.plot:
+        plot(results, args.plot)
     return 0
 
 

@@ -42,19 +42,29 @@ def parse_kv(word: str) -> tuple[int, int]:
         raise ValueError(f"--kv {word!r} is not a head dim like 128 or 128x64") from None
 
 
-def parse_config(word: str) -> KernelConfig:
-    """'warps=8' (comma-separated field=value pairs) -> KernelConfig; 'ref' is the reference config."""
+def parse_config(word: str, config_type: type = KernelConfig):
+    """'warps=4' or 'persistent=true,raster=head' (field=value pairs, ',' or ';' separated) -> an
+    instance of `config_type` (a template's config class); 'ref' is its reference configuration."""
     if word in ("ref", "default", ""):
-        return KernelConfig()
-    fields = {f.name: f for f in dataclasses.fields(KernelConfig)}
+        return config_type()
+    fields = {f.name: f for f in dataclasses.fields(config_type)}
     values = {}
     for pair in word.split(";" if ";" in word else ","):
         name, sep, value = pair.partition("=")
         name = name.strip()
         if not sep or name not in fields:
-            raise ValueError(f"config {word!r}: expected field=value pairs with fields {sorted(fields)}")
+            raise ValueError(f"config {word!r}: expected field=value pairs with fields {sorted(fields)} "
+                             f"({config_type.__name__})")
         values[name] = _typed(value.strip(), fields[name].type, f"config {name}")
-    return KernelConfig(**values)
+    return config_type(**values)
+
+
+def config_applies(word: str, config_type: type) -> bool:
+    """Whether every field a config word names belongs to `config_type` ('ref' fits every template)."""
+    if word in ("ref", "default", ""):
+        return True
+    names = {pair.partition("=")[0].strip() for pair in word.split(";" if ";" in word else ",")}
+    return names <= {f.name for f in dataclasses.fields(config_type)}
 
 
 def _typed(text: str, type_name, what: str):
@@ -75,30 +85,38 @@ def _typed(text: str, type_name, what: str):
 
 def expand(archs: list[str], betas: list[str], varlens: list[str], kvs: list[tuple[int, int]],
            chunks: list[int], qgs: list[bool], only: list[str] | None = None,
-           configs: list[KernelConfig] | None = None) -> list:
+           configs: list[str] | None = None) -> list:
     """The distinct kernel keys of the cross product of ForwardSpec fields (validated), sorted.
 
-    Keys that do not depend on a field (the inverse has no beta or head dims) appear once.
+    Keys that do not depend on a field (the inverse has no beta or head dims) appear once. Each config
+    word applies to the templates whose config class has its fields; a word that fits no selected
+    template is an error.
     """
     only_set = set(only or kkeys.KEY_TYPES)
     unknown = only_set - set(kkeys.KEY_TYPES)
     if unknown:
         raise ValueError(f"--only {sorted(unknown)}: kernels are {sorted(kkeys.KEY_TYPES)}")
-    configs = configs or [KernelConfig()]
-    found = {}
+    configs = configs or ["ref"]
+    found, used = {}, set()
     for arch, beta, varlen, (head_k, head_v), chunk, qg in itertools.product(archs, betas, varlens, kvs, chunks, qgs):
         spec = ForwardSpec(beta, varlen, head_k, head_v, chunk, qg, arch)
         for key in spec.kernel_keys():
             if key.TEMPLATE not in only_set:
                 continue
-            for config in configs:
-                k = dataclasses.replace(key, config=config)
-                found[k.canonical()] = k
+            for word in configs:
+                if config_applies(word, key.CONFIG):
+                    used.add(word)
+                    k = dataclasses.replace(key, config=parse_config(word, key.CONFIG))
+                    found[k.canonical()] = k
+    unused = [w for w in configs if w not in used]
+    if unused and found:
+        raise ValueError(f"--config {unused[0]!r} fits none of the selected kernels ({sorted(only_set)})")
     return sorted(found.values(), key=lambda k: (k.arch, k.TEMPLATE, k.canonical()))
 
 
-def parse_key(text: str, arch: str | None = None, config: KernelConfig | None = None):
-    """A kernel key from its slug (`<template>.<field>-<value>...[@arch]`) or its JSON."""
+def parse_key(text: str, arch: str | None = None, config: str | None = None):
+    """A kernel key from its slug (`<template>.<field>-<value>...[@arch]`) or its JSON; `config` is a
+    config word for the key's template (default: its reference configuration)."""
     text = text.strip()
     if text.startswith("{"):
         return key_from_json(json.loads(text))
@@ -123,7 +141,7 @@ def parse_key(text: str, arch: str | None = None, config: KernelConfig | None = 
         from kdajit import compiler
 
         arch = compiler.current_arch()
-    return cls(**values, arch=arch, config=config or KernelConfig())
+    return cls(**values, arch=arch, config=parse_config(config or "ref", cls.CONFIG))
 
 
 def unsupported(key) -> str | None:

@@ -10,8 +10,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from kdajit import cache, compiler, ops, validate
-from kdajit.keys import ForwardSpec
+from kdajit import cache, compiler, env, ops, validate
+from kdajit.keys import ForwardSpec, FusedConfig
 from kdajit.outputs import ForwardOutput
 
 
@@ -19,23 +19,37 @@ class _Kernels(NamedTuple):
     intra: Callable | None
     inverse: Callable | None
     recompute: Callable | None
+    fused: Callable | None
+    fused_max_ctas: int  # the fused kernel's grid bound (persistent configs), SMs x CTAs per SM
 
 
 @functools.lru_cache(maxsize=None)
-def _keys(beta_dtype: str, varlen: str, head_k: int, head_v: int, chunk: int, output_qg: bool,
-          device_index: int) -> tuple:
-    """The kernel keys of a specialization (memoized: building keys costs more than the lookups)."""
-    return ForwardSpec(beta_dtype, varlen, head_k, head_v, chunk, output_qg,
-                       compiler.current_arch(device_index)).kernel_keys()
+def _spec(beta_dtype: str, varlen: str, head_k: int, head_v: int, chunk: int, output_qg: bool,
+          device_index: int) -> ForwardSpec:
+    """The specialization of a call (memoized: building it costs more than the lookups)."""
+    return ForwardSpec(beta_dtype, varlen, head_k, head_v, chunk, output_qg, compiler.current_arch(device_index))
 
 
-def _kernels(problem, chunk: int, output_qg: bool, device_index: int, *, intra: bool, recompute: bool) -> _Kernels:
-    """The kernels a call runs, fetched together (one table lookup each): intra + inverse and/or recompute."""
-    intra_key, inverse_key, recompute_key = _keys(problem.beta_dtype, problem.varlen, problem.head_k,
-                                                  problem.head_v, chunk, output_qg, device_index)
-    wanted = (intra_key, inverse_key) * intra + (recompute_key,) * recompute
-    fns = dict(zip(wanted, cache.get_kernels(wanted), strict=True))
-    return _Kernels(fns.get(intra_key), fns.get(inverse_key), fns.get(recompute_key))
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _kernels(problem, chunk: int, output_qg: bool, device_index: int, *, intra: bool, recompute: bool,
+             fused_config: FusedConfig | None = None) -> _Kernels:
+    """The kernels a call runs, fetched together (one table lookup each): the fused kernel (in
+    `fused_config`, default the reference) when both stages run on an arch that has one and
+    KDAJIT_FORWARD_ROUTE allows it, else intra + inverse and/or recompute."""
+    spec = _spec(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk, output_qg, device_index)
+    if intra and recompute and spec.uses_fused and env.forward_route() == "auto":
+        key = spec.fused_key(fused_config or FusedConfig())
+        fused, = cache.get_kernels((key,))
+        max_ctas = _sm_count(device_index) * key.config.ctas_per_sm if key.config.persistent else 1
+        return _Kernels(None, None, None, fused, max_ctas)
+    wanted = (spec.intra_key(), spec.inverse_key()) * intra + (spec.recompute_key(),) * recompute
+    fns = cache.get_kernels(wanted)
+    fns = (None, None) * (not intra) + tuple(fns) + (None,) * (not recompute)
+    return _Kernels(*fns, None, 0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -105,6 +119,12 @@ def _run_recompute(k, v, beta, Akk, gk, q, cu, offsets, kernels, w, u, kg, qg) -
         kernels.recompute(k, v, beta, Akk, gk, q_arg, w, u, kg, qg_arg, cu, offsets)
 
 
+def _run_fused(q, k, v, gk, beta, scale, cu, offsets, kernels, Aqk, Akk, w, u, kg, qg) -> None:
+    if k.numel():
+        qg_arg = qg if qg is not None else _dummy(k.device, torch.bfloat16, (1, 1, 1, k.shape[-1]))
+        kernels.fused(q, k, v, gk, beta, Aqk, Akk, w, u, kg, qg_arg, cu, offsets, scale, kernels.fused_max_ctas)
+
+
 def _refuse_autograd(entry: str, **tensors: torch.Tensor | None) -> None:
     """kdajit has no autograd of its own: refuse a call that autograd would record."""
     if not torch.is_grad_enabled():
@@ -123,8 +143,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
 
     q, k: bf16 [B, T, H, K]; v: bf16 [B, T, H, V]; gk: fp32 chunk-local cumulative log2 gate
     [B, T, H, K]; beta: bf16 or fp32 [B, T, H]; scale defaults to K ** -0.5; cu_seqlens: int32 or
-    int64 [N+1] with B == 1 for packed sequences. Bitwise equal to `recompute_w_u(k, v, beta,
-    intra(...)[1], gk, q=...)`. `out`: preallocated outputs to write into (e.g. static buffers for
+    int64 [N+1] with B == 1 for packed sequences. On sm_90a one fused kernel computes everything;
+    elsewhere (or with KDAJIT_FORWARD_ROUTE=standalone) intra, inverse and recompute run in turn. Both
+    routes are bitwise equal to `recompute_w_u(k, v, beta, intra(...)[1], gk, q=...)`. `out`: preallocated outputs to write into (e.g. static buffers for
     CUDA graphs); `out.qg` is needed only with `output_qg`. Under torch.compile it traces as the custom
     ops `kdajit::forward` / `kdajit::forward_out` (kdajit.ops).
     """
@@ -137,18 +158,29 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
         ops.forward_out(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, out.Aqk, out.Akk, out.w, out.u, out.kg,
                         out.qg if output_qg else None)
         return ForwardOutput(*out[:5], out.qg if output_qg else None)
+    return _forward(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, output_qg, safe_gate, out)
+
+
+def _forward(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, output_qg, safe_gate, out,
+             fused_config: FusedConfig | None = None) -> ForwardOutput:
+    """`forward` outside torch.compile; `fused_config` picks the fused kernel's configuration (every
+    configuration gives the same bits; the tests and the tuner run them all)."""
     validate.check_safe_gate(safe_gate)
     validate.check_scale(scale)
     written = ("Aqk", "Akk", "w", "u", "kg") + ("qg",) * bool(output_qg)
     problem = validate.check_forward_inputs(q, k, v, gk, beta, cu_seqlens, chunk_size, _given_outputs(out, written))
     scale = problem.head_k ** -0.5 if scale is None else float(scale)
-    kernels = _kernels(problem, chunk_size, bool(output_qg), _device_index(q), intra=True, recompute=True)
+    kernels = _kernels(problem, chunk_size, bool(output_qg), _device_index(q), intra=True, recompute=True,
+                       fused_config=fused_config)
     cu, offsets = _seq_vectors(cu_seqlens, chunk_size, problem.tokens, q.device)
     q_for_qg = q if output_qg else None
     Aqk, Akk = _intra_outputs(out, problem, q)
     w, u, kg, qg = _recompute_outputs(out, k, v, q_for_qg)
-    _run_intra(q, k, gk, beta, scale, cu, offsets, kernels, Aqk, Akk)
-    _run_recompute(k, v, beta, Akk, gk, q_for_qg, cu, offsets, kernels, w, u, kg, qg)
+    if kernels.fused is not None:
+        _run_fused(q, k, v, gk, beta, scale, cu, offsets, kernels, Aqk, Akk, w, u, kg, qg)
+    else:
+        _run_intra(q, k, gk, beta, scale, cu, offsets, kernels, Aqk, Akk)
+        _run_recompute(k, v, beta, Akk, gk, q_for_qg, cu, offsets, kernels, w, u, kg, qg)
     return ForwardOutput(Aqk, Akk, w, u, kg, qg)
 
 

@@ -58,8 +58,8 @@ def _jobs(text: str) -> int:
     return n
 
 
-def _config(args: argparse.Namespace):
-    return keyspec.parse_config(args.config) if getattr(args, "config", None) else None
+def _config(args: argparse.Namespace) -> str | None:
+    return getattr(args, "config", None) or None
 
 
 def precompile_keys(args: argparse.Namespace, check_supported: bool = True) -> list:
@@ -99,7 +99,7 @@ def _cross_product(args: argparse.Namespace, current_arch) -> list:
         chunks=chunks or list(keys.CHUNK_SIZES),
         qgs=list(keyspec.QG_CHOICES[args.qg]),
         only=keyspec.split_words(args.only) or None,
-        configs=[keyspec.parse_config(w) for w in (args.config or [])] or None,
+        configs=list(args.config or []) or None,
     )
 
 

@@ -13,6 +13,7 @@
 | KDAJIT_VALIDATE | `full` (also checks cu_seqlens values: one small device-to-host copy) or `shapes` | full |
 | KDAJIT_COMPILE_WORKERS | default number of `kdajit precompile` worker processes (`-j`) | min(2, CPUs) |
 | KDAJIT_FLA_BACKEND | 1: `import kdajit` registers and enables kdajit as FLA's "kda" backend | 0 |
+| KDAJIT_FORWARD_ROUTE | `auto` (the fused kernel where the arch has one) or `standalone` (intra + inverse + recompute; same bits) | auto |
 
 CuTe DSL variables that change generated code (`codegen_env`) are part of the cache's toolchain
 fingerprint, so a kernel built with, say, CUTE_DSL_LINEINFO=1 is never served to a process without it.
@@ -98,6 +99,16 @@ def compile_workers() -> int | None:
 
 def fla_backend() -> bool:
     return _flag("FLA_BACKEND")
+
+
+FORWARD_ROUTES = ("auto", "standalone")
+
+
+def forward_route() -> str:
+    route = _get("FORWARD_ROUTE", "auto") or "auto"
+    if route not in FORWARD_ROUTES:
+        raise ValueError(f"KDAJIT_FORWARD_ROUTE={route!r} is not valid; expected one of {FORWARD_ROUTES}")
+    return route
 
 
 # CuTe DSL settings marked `affects_compile` in cutlass/base_dsl/env_manager.py that change the object

@@ -10,12 +10,12 @@ import shlex
 from pathlib import Path
 from typing import Iterable
 
-from kdajit.keys import KernelConfig, _KernelKey
+from kdajit.keys import _KernelKey
 
 
 def key_word(key: _KernelKey) -> str:
     """`key` in the KEY syntax of `kdajit precompile --key` and `kdajit cache why`."""
-    if key.config == KernelConfig():
+    if key.config == key.CONFIG():
         return f"{key.spec_slug()}@{key.arch}"
     return key.canonical()
 

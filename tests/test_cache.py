@@ -20,7 +20,7 @@ import cache_helpers as ch
 import pytest
 
 from kdajit import cache, cache_entry, cache_layout, cache_locks, cache_toolchain, hints
-from kdajit.keys import AkkInverseKey, ForwardSpec, KernelConfig, key_from_json
+from kdajit.keys import AkkInverseKey, ForwardSpec, FusedConfig, KernelConfig, key_from_json
 
 
 def _modes(root: Path) -> dict[str, int]:
@@ -79,6 +79,9 @@ def test_precompile_command_names_exactly_the_missing_keys():
         args = parser.parse_args(argv[1:])
         assert args.cache_dir == "/some root/x"
         assert cli.precompile_keys(args, check_supported=config == KernelConfig()) == keys, argv
+    fused = ForwardSpec("bf16", "dense", 128, 128, 64, False, "sm_90a").fused_key(FusedConfig(True, 1, "head"))
+    args = parser.parse_args(shlex.split(hints.precompile_command([fused]))[1:])
+    assert cli.precompile_keys(args, check_supported=False) == [fused]
 
 
 # -- cross-compile, then a fresh process loads without compiling -------------------------------

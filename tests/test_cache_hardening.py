@@ -288,16 +288,22 @@ def test_disable_jit_names_every_missing_kernel_of_the_call_and_only_those(tmp_p
     with pytest.raises(cache.KernelNotCached) as only_recompute:
         api._kernels(_problem(), 64, True, 0, intra=False, recompute=True)
     assert only_recompute.value.keys == (spec.recompute_key(),)
+    with pytest.raises(cache.KernelNotCached) as fused:  # forward() on sm_90a: the fused kernel alone
+        api._kernels(_problem(), 64, True, 0, intra=True, recompute=True)
+    assert fused.value.keys == (spec.fused_key(),)
+    monkeypatch.setenv("KDAJIT_FORWARD_ROUTE", "standalone")
     with pytest.raises(cache.KernelNotCached) as everything:
         api._kernels(_problem(), 64, True, 0, intra=True, recompute=True)
-    assert everything.value.keys == spec.kernel_keys()
-    message = str(everything.value)
-    command = next(line.strip() for line in message.splitlines() if line.strip().startswith("kdajit precompile"))
-    import shlex
+    standalone = (spec.intra_key(), spec.inverse_key(), spec.recompute_key())
+    assert everything.value.keys == standalone
+    for error, expected in ((fused.value, [spec.fused_key()]), (everything.value, list(standalone))):
+        message = str(error)
+        command = next(line.strip() for line in message.splitlines() if line.strip().startswith("kdajit precompile"))
+        import shlex
 
-    args = cli.build_parser().parse_args(shlex.split(command)[1:])
-    assert cli.precompile_keys(args, check_supported=False) == list(spec.kernel_keys())
-    assert all(cache.describe(k) in message for k in spec.kernel_keys())
+        args = cli.build_parser().parse_args(shlex.split(command)[1:])
+        assert cli.precompile_keys(args, check_supported=False) == expected
+        assert all(cache.describe(k) in message for k in expected)
 
 
 def test_fingerprint_is_what_the_layout_names(copy):

@@ -1,0 +1,121 @@
+"""GPU: the fused forward kernel is bitwise equal to the standalone route, in every configuration.
+
+`kdajit.forward` runs the fused kernel on sm_90a; `kdajit.intra` + `kdajit.recompute_w_u` run the
+standalone kernels. Every output of every fused configuration (FusedConfig: one tile per CTA, or
+persistent CTAs with 1 or 2 CTAs per SM and either raster order) must equal the standalone route's bits,
+for both beta dtypes, dense and varlen (int32 and int64 cu_seqlens), with and without QG, on partial
+chunks, 1-token and empty sequences, and on shapes with many more tiles than CTAs (so every persistent
+CTA walks several tiles and reuses its shared memory). Outputs are poisoned with NaN before each call.
+"""
+import os
+
+import pytest
+import torch
+
+import kdajit
+from kdajit import api, compiler, reference
+from kdajit.keys import BETA_DTYPES, RASTER_ORDERS, ForwardSpec, FusedConfig
+from kdajit.outputs import BETA_TORCH_DTYPES
+
+
+
+def _arch_has_fused() -> bool:
+    return torch.cuda.is_available() and ForwardSpec("bf16", "dense", 128, 128, 64, False,
+                                                     compiler.current_arch()).uses_fused
+
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+              pytest.mark.skipif(not _arch_has_fused(), reason="this GPU's arch has no fused kernel")]
+
+OUTPUTS = ("Aqk", "Akk", "w", "u", "kg", "qg")
+INPUTS = ("q", "k", "v", "gk", "beta")
+CONFIGS = [FusedConfig()] + [FusedConfig(True, ctas, raster) for ctas in (1, 2) for raster in RASTER_ORDERS]
+
+
+@pytest.fixture
+def seed():
+    value = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(value)
+    print(f"seed={value}")
+    return value
+
+
+def poisoned(x, output_qg):
+    B, T, H, K = x["k"].shape
+    nan = lambda *shape: torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    return kdajit.ForwardOutput(nan(B, T, H, 64), nan(B, T, H, 64), nan(B, T, H, K), nan(B, T, H, x["v"].shape[-1]),
+                                nan(B, T, H, K), nan(B, T, H, K) if output_qg else None)
+
+
+def fused(x, cu, output_qg, config):
+    out = api._forward(x["q"], x["k"], x["v"], x["gk"], x["beta"], None, cu, 64, output_qg, True,
+                       poisoned(x, output_qg), fused_config=config)
+    torch.cuda.synchronize()
+    return out
+
+
+def standalone(x, cu, output_qg):
+    out = poisoned(x, output_qg)
+    _, Akk = kdajit.intra(x["q"], x["k"], x["gk"], x["beta"], cu_seqlens=cu, out=out)
+    kdajit.recompute_w_u(x["k"], x["v"], x["beta"], Akk, x["gk"], cu_seqlens=cu, q=x["q"] if output_qg else None,
+                         out=out)
+    torch.cuda.synchronize()
+    return out
+
+
+def assert_bitwise(a, b, what):
+    for name in OUTPUTS:
+        x, y = getattr(a, name), getattr(b, name)
+        if x is None and y is None:
+            continue
+        assert not torch.isnan(x).any(), f"{what}: {name} has {int(torch.isnan(x).sum())} elements never written"
+        if not torch.equal(x.view(torch.int16), y.view(torch.int16)):
+            bad = (x.view(torch.int16) != y.view(torch.int16)).nonzero()
+            raise AssertionError(f"{what}: {name} differs in {len(bad)} elements, first at {bad[0].tolist()}")
+
+
+def varlen_inputs(lengths, H, beta_dtype, index_dtype=torch.int32):
+    cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(index_dtype)
+    return reference.make_inputs(1, sum(lengths), H, beta_dtype=beta_dtype, cu_seqlens=cu, device="cuda"), cu
+
+
+def test_forward_runs_the_fused_kernel():
+    problem = kdajit.validate.Problem(1, 64, 1, 128, 128, 64, "bf16", "dense")
+    kernels = api._kernels(problem, 64, False, torch.cuda.current_device(), intra=True, recompute=True)
+    assert kernels.fused is not None and kernels.intra is None
+
+
+@pytest.mark.parametrize("output_qg", [False, True], ids=["no_qg", "qg"])
+@pytest.mark.parametrize("beta", BETA_DTYPES)
+def test_reference_config_equals_standalone_dense(seed, beta, output_qg):
+    x = reference.make_inputs(2, 1000, 5, beta_dtype=BETA_TORCH_DTYPES[beta], device="cuda")
+    assert_bitwise(fused(x, None, output_qg, FusedConfig()), standalone(x, None, output_qg), f"dense {beta}")
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["cu32", "cu64"])
+@pytest.mark.parametrize("output_qg", [False, True], ids=["no_qg", "qg"])
+@pytest.mark.parametrize("beta", BETA_DTYPES)
+def test_reference_config_equals_standalone_varlen(seed, beta, output_qg, index_dtype):
+    lengths = [1, 63, 0, 65, 64, 127, 1, 300] + torch.randint(1, 200, (4,)).tolist()
+    x, cu = varlen_inputs(lengths, 3, BETA_TORCH_DTYPES[beta], index_dtype)
+    assert_bitwise(fused(x, cu, output_qg, FusedConfig()), standalone(x, cu, output_qg), f"varlen {lengths}")
+
+
+@pytest.mark.parametrize("config", CONFIGS[1:], ids=lambda c: c.slug())
+def test_persistent_configs_equal_standalone_with_many_tiles_per_cta(seed, config):
+    # 2 x 65 chunks x 24 heads = 3120 tiles: about 12-24 per persistent CTA; the last chunk is partial.
+    x = reference.make_inputs(2, 4100, 24, beta_dtype=torch.float32, device="cuda")
+    assert_bitwise(fused(x, None, True, config), standalone(x, None, True), f"dense, {config}")
+    lengths = torch.randint(1, 700, (40,)).tolist() + [1, 63, 65]
+    x, cu = varlen_inputs(lengths, 16, torch.bfloat16, torch.int64)
+    assert_bitwise(fused(x, cu, False, config), standalone(x, cu, False), f"varlen, {config}")
+
+
+def test_fused_accuracy_against_fp64(seed):
+    lengths = [1, 63, 65, 200, 130]
+    x, cu = varlen_inputs(lengths, 2, torch.bfloat16)
+    out = fused(x, cu, True, FusedConfig(True, 2, "head"))
+    ref = reference.forward_reference(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=True)
+    for name in OUTPUTS:
+        assert reference.relative_error(getattr(out, name), getattr(ref, name)) < 1e-2, name
