@@ -283,10 +283,11 @@ def test_precompile_expands_and_dedups_the_cross_product(tmp_path, capsys):
         return sorted(k["template"] for k in doc["keys"])
 
     everything = templates()
-    assert (everything.count("akk_inverse"), everything.count("intra"), everything.count("recompute_wu")) == (3, 6, 12)
-    assert len(templates("--qg", "off")) == 3 + 6 + 6
+    # sm_90a: the three standalone templates plus the fused kernel of each of the 12 specializations.
+    assert [everything.count(t) for t in ("akk_inverse", "intra", "recompute_wu", "fused_forward")] == [3, 6, 12, 12]
+    assert len(templates("--qg", "off")) == 3 + 6 + 6 + 6
     assert templates("--beta", "bf16", "--varlen", "dense", "--qg", "on", "--kv", "128x128") == [
-        "akk_inverse", "intra", "recompute_wu"]
+        "akk_inverse", "fused_forward", "intra", "recompute_wu"]
     assert len(templates("--arch", "sm_100a", "--only", "akk_inverse,intra")) == 2 * (3 + 6)
     rc, _, err = kd(capsys, "precompile", "--cache-dir", tmp_path, "--arch", "sm_75", "--dry-run")
     assert rc == 2 and "arch='sm_75' is not supported" in err

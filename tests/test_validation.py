@@ -133,7 +133,9 @@ def test_validation_checks_the_alignment_every_kernel_assumes():
     names = {"intra": ("q", "k", "gk", "beta", "Aqk", "L", "cu_seqlens", "chunk_offsets"),
              "akk_inverse": ("L", "Akk", "cu_seqlens", "chunk_offsets"),
              "recompute_wu": ("k", "v", "beta", "Akk", "gk", "q", "w", "u", "kg", "qg", "cu_seqlens",
-                              "chunk_offsets")}
+                              "chunk_offsets"),
+             "fused_forward": ("q", "k", "v", "gk", "beta", "Aqk", "Akk", "w", "u", "kg", "qg", "cu_seqlens",
+                               "chunk_offsets")}
     checked = set()
     for spec in (ForwardSpec(b, m, 128, 128, 64, True, "sm_90a") for b in BETA_DTYPES for m in VARLEN_MODES):
         for key in spec.kernel_keys():
