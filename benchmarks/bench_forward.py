@@ -21,7 +21,7 @@ import sys
 import torch
 
 from kdajit import api, reference
-from kdajit.keys import RASTER_ORDERS, FusedConfig
+from kdajit.keys import FUSED_CONFIG_SPACE, FusedConfig
 
 HBM_TBPS = 4.18  # measured copy bandwidth of the H200 (read + write bytes / time)
 ROWS = {  # name: (B, T, H, beta, number of packed sequences or 0 for dense)
@@ -33,7 +33,7 @@ ROWS = {  # name: (B, T, H, beta, number of packed sequences or 0 for dense)
     "B1-T65536-H8": (1, 65536, 8, "bf16", 0),
 }
 MAIN_ROWS = ("B2-T8192-H64-bf16", "B2-T8192-H64-fp32")
-CONFIGS = [FusedConfig()] + [FusedConfig(True, c, r) for c in (1, 2) for r in RASTER_ORDERS]
+CONFIGS = FUSED_CONFIG_SPACE
 
 
 def minimal_bytes(tokens: int, H: int, K: int, V: int, chunk: int, beta_bytes: int) -> int:

@@ -1,27 +1,70 @@
 #!/usr/bin/env bash
-# One GPU session on the project's lent H200, in one device call:
-#   bash benchmarks/h200_session.sh [tests|bench|all]    (carry .gpu and .gpu-cache)
-# Logs and JSON go to $OUT (or ./out). The bundle (.gpu) supplies CuTe DSL, TVM-FFI and FLA.
+# GPU work on the project's lent H200 in one device call, as named stages:
+#   bash benchmarks/h200_session.sh STAGE...        (carry .gpu, and .gpu-cache/cpu.tar.xz if present)
+# Stages: tests (demo + the whole GPU suite), fused (fused-kernel GPU tests), bench (bench_forward, every
+# row and fused configuration, with --plot), phases (fused_phases, objects from the tarball), host (bench_host), fla (FLA-backend GPU tests and bench),
+# stress (determinism replays), sanitizer (compute-sanitizer, docs/reliability.md).
+# Each stage has its own time limit; logs and JSON go to $OUT (or ./out). The bundle (.gpu) supplies
+# CuTe DSL, TVM-FFI and FLA. A cache cross-compiled on a CPU machine
+# (kdajit precompile --cache-dir DIR --arch sm_90a, then tar -C DIR/.. -cJf .gpu-cache/cpu.tar.xz cpu)
+# saves the compiles; its toolchain must match this checkout's templates.
 set -uo pipefail
-what="${1:-all}"
 out="${OUT:-out}"; mkdir -p "$out"
 source .gpu/activate.sh
 python3 -m pip install -q --no-deps --no-build-isolation --root-user-action=ignore -e . >"$out/install.log" 2>&1 \
   || { cat "$out/install.log"; exit 1; }
 export PYTHONUNBUFFERED=1 KDAJIT_CACHE_DIR=/tmp/kdajit-cache
-# A cache precompiled on the CPU machine (kdajit precompile --cache-dir .gpu-cache/cpu) saves the compiles.
-if [[ -d .gpu-cache/cpu ]]; then rm -rf "$KDAJIT_CACHE_DIR"; cp -a .gpu-cache/cpu "$KDAJIT_CACHE_DIR"; fi
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
-git rev-parse --short HEAD 2>/dev/null | tee -a "$out/gpu.txt"
+rm -rf "$KDAJIT_CACHE_DIR"
+if [[ -f .gpu-cache/cpu.tar.xz ]]; then
+  mkdir -p /tmp/precompiled && tar -C /tmp/precompiled -xJf .gpu-cache/cpu.tar.xz
+  cp -a /tmp/precompiled/cpu "$KDAJIT_CACHE_DIR"
+  export KDAJIT_TEST_CPU_CACHE=/tmp/precompiled/cpu
+fi
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.mem --format=csv,noheader
+  git rev-parse --short HEAD 2>/dev/null; git status --short -uno 2>/dev/null | head -5; } | tee "$out/gpu.txt"
 status=0
-if [[ "$what" == tests || "$what" == all ]]; then
-  python3 -m kdajit demo 2>&1 | tee "$out/demo.log"; status=$((status | PIPESTATUS[0]))
-  if [[ -d .gpu-cache/cpu ]]; then export KDAJIT_TEST_CPU_CACHE="$PWD/.gpu-cache/cpu"; fi
-  python3 -m pytest -q -m gpu -rA --durations=12 tests 2>&1 | tee "$out/gpu_tests.log" | grep -vE "^(PASSED|SKIPPED) " | tail -80
-  status=$((status | PIPESTATUS[0]))
-fi
-if [[ "$what" == bench || "$what" == all ]]; then
-  python3 benchmarks/bench_forward.py --json "$out/bench.json" 2>&1 | tee "$out/bench.log"
-  status=$((status | PIPESTATUS[0]))
-fi
+stage() {  # stage NAME SECONDS CMD...: run CMD with a time limit, log to $out/NAME.log, keep the worst status
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1; local rc=$?
+  echo "== $name: rc=$rc in $((SECONDS - t0)) s"; tail -n 25 "$out/$name.log"
+  [[ $rc -eq 0 ]] || status=$rc
+}
+for what in "$@"; do
+  case "$what" in
+    tests)
+      stage demo 120 python3 -m kdajit demo
+      stage gpu_tests 420 python3 -m pytest -q -m gpu -rfE --durations=15 tests ;;
+    fused)
+      stage fused 240 python3 -m pytest -q -m gpu -rfE --durations=8 tests/test_gpu_fused.py ;;
+    bench)
+      stage bench 330 python3 benchmarks/bench_forward.py --configs --json "$out/bench.json" --plot "$out/bench.png" ;;
+    phases)
+      stage phases 240 python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases --json "$out/phases.json" ;;
+    host)
+      stage host 120 python3 benchmarks/bench_host.py ;;
+    fla)
+      stage fla_tests 240 python3 -m pytest -q -m gpu -rfE --durations=8 tests/test_gpu_fla_backend.py
+      stage fla_bench 180 python3 benchmarks/bench_fla_backend.py --json "$out/fla_bench.json" ;;
+    stress)
+      stage stress_bf16 420 python3 benchmarks/stress_determinism.py --replays 10000000 --checkpoint 500000 \
+        --beta bf16 --report "$out/stress_bf16.json"
+      stage stress_fp32 120 python3 benchmarks/stress_determinism.py --replays 1000000 --checkpoint 250000 \
+        --beta fp32 --report "$out/stress_fp32.json"
+      stage stress_varlen 120 python3 benchmarks/stress_determinism.py --replays 1000000 --checkpoint 250000 \
+        --varlen --report "$out/stress_varlen.json"
+      stage stress_large 120 python3 benchmarks/stress_determinism.py --replays 10000 --checkpoint 2500 \
+        --batch 2 --tokens 8192 --heads 64 --noise 0.25 --report "$out/stress_large.json" ;;
+    sanitizer)
+      export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+      stage memcheck_hostile 240 compute-sanitizer --tool memcheck --error-exitcode 1 \
+        python3 -m pytest -q -m gpu tests/test_gpu_hostile.py -k cu_seqlens
+      for tool in memcheck racecheck initcheck synccheck; do
+        stage "sanitizer_$tool" 240 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+          python3 -m pytest -q -m gpu tests/test_gpu_forward.py -k "empty_sequences or random_varlen or forward_equals"
+      done
+      unset PYTORCH_NO_CUDA_MEMORY_CACHING ;;
+    *) echo "unknown stage $what"; status=2 ;;
+  esac
+done
 exit $status

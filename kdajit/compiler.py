@@ -81,12 +81,17 @@ def template_files() -> list[str]:
 
 def compile_key(key: _KernelKey):
     """Trace and compile one kernel; returns the CuTe DSL compiled function (TVM-FFI)."""
-    cute = _cute()
     cls = template_class(key)
     if not cls.can_implement(key):
         raise ValueError(f"{cls.__name__} cannot implement {key}")
-    kernel = cls(key)
-    options = f"--enable-tvm-ffi --gpu-arch {key.arch}"
+    return compile_template(cls(key), key.arch)
+
+
+def compile_template(kernel, arch: str):
+    """Trace and compile a template instance for `arch` (compile_key's recipe; benchmarks use it
+    directly for measurement-only variants that no key describes)."""
+    cute = _cute()
+    options = f"--enable-tvm-ffi --gpu-arch {arch}"
     t0 = time.perf_counter()
     compiled = cute.compile(kernel, *kernel.fake_args(), options=options)
     compiled.kdajit_compile_s = time.perf_counter() - t0

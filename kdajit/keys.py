@@ -47,6 +47,7 @@ class KernelConfig:
 
 
 RASTER_ORDERS = ("chunk", "head")
+LOADS_AHEAD = (0, 1)
 
 
 @dataclass(frozen=True)
@@ -58,18 +59,28 @@ class FusedConfig:
     `ctas_per_sm`: resident CTAs per SM the persistent grid is sized for (and the occupancy the
     launch requests). `raster`: tile order of the persistent walk, "chunk" (chunk index fastest,
     the standalone grid's order) or "head" (head fastest: consecutive tiles read adjacent rows of
-    [B, T, H, D] memory). Non-persistent configs keep the defaults of the other two fields.
+    [B, T, H, D] memory). `loads_ahead`: tiles whose loads a persistent CTA issues before it has
+    finished the current one (0: load, then compute; 1: the next tile's inputs stream into the
+    shared buffers the current tile has finished reading, while it computes W, U and stores).
+    Non-persistent configs keep the defaults of the other fields.
     The reference configuration is the default instance.
     """
 
     persistent: bool = False
     ctas_per_sm: int = 2
     raster: str = "chunk"
+    loads_ahead: int = 0
 
     def slug(self) -> str:
         if not self.persistent:
             return "tile"
-        return f"persistent-c{self.ctas_per_sm}-{self.raster}"
+        return f"persistent-c{self.ctas_per_sm}-{self.raster}" + (f"-a{self.loads_ahead}" if self.loads_ahead else "")
+
+
+# The fused kernel's declared configuration space (what the full compile sweep builds, the bitwise
+# GPU tests run and the autotuner may choose from); the reference configuration comes first.
+FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
+    FusedConfig(True, ctas, raster, ahead) for ahead in LOADS_AHEAD for ctas in (1, 2) for raster in RASTER_ORDERS)
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,10 @@ tile_recompute.py) from the same operand values, in the order docs/numerics.md f
 operands live changes: L and Akk never leave the CTA, and k, g are read from HBM once.
 
 Per tile (4 warps, 128 threads; all warps take part in every phase):
-1. loads: q, k (bf16), g (fp32) rows < v by 16-byte cp.async into padded shared tiles, beta as fp32
-   into a 64-entry vector (0 for rows >= v); v rows by 16-byte `ld.global.nc` straight into registers
-   (clamped to row v - 1, as the standalone recompute does), in flight during phases 2-3.
+1. loads (`load_tile`): q, k (bf16), g (fp32) rows < v by 16-byte cp.async into padded shared
+   tiles; beta as fp32 into a register, then a 64-entry shared vector (0 for rows >= v); v rows by
+   16-byte `ld.global.nc` straight into registers (clamped to row v - 1, as the standalone
+   recompute does), in flight during phases 2-3.
 2. intra (`intra_tile`): Aqk blocks -> global, L blocks -> shared fp32 (rows >= v set to +0: the
    shared state the standalone inverse builds from the workspace).
 3. inverse (`invert_tile`): Akk in shared bf16; rows < v -> global with 16-byte stores (the same
@@ -29,9 +30,13 @@ Scheduling (`FusedConfig`): one tile per CTA on the standalone grid (templates/c
 persistent CTAs walking tile indices with a static stride (tile = blockIdx.x, += gridDim.x), each
 index mapped to (chunk, head, batch) in the configured raster order and then to rows by the same
 `chunk_coords` as the standalone kernels (dense and varlen; the varlen chunk map stays on the
-device). A tile's shared buffers are reused by the next tile of the CTA after the next tile's load
-barrier, so no extra synchronisation is needed between tiles.
-
+device). With loads_ahead=0 a CTA loads a tile, then computes it; the next tile's loads wait for
+the barrier that ends the previous tile. With loads_ahead=1 the next tile's loads are issued into
+buffers as soon as the current tile has finished reading them: q right after the intra phase (when
+QG is off; with QG, gate_row still reads q), k, g, v (registers) and beta (a register, written to
+shared memory once the tile's loads have landed) right after the gate rows, so they stream in
+while W and U are multiplied and stored. No buffer is added: a K = 256 tile that leaves no room
+for a second stage still works, it only overlaps less.
 Sizes are template parameters (chunk, head_k, head_v from the key); the device functions currently
 implement chunk 64, K = V = 128 (`can_implement`).
 """
@@ -43,9 +48,9 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream
 from cutlass.memory import SmemAllocator
 
-from kdajit.keys import FUSED_ARCHS, RASTER_ORDERS, VARLEN_MODES, FusedForwardKey
+from kdajit.keys import FUSED_ARCHS, LOADS_AHEAD, RASTER_ORDERS, VARLEN_MODES, FusedForwardKey
 from kdajit.templates.common import DTYPES, SymbolicShapes, chunk_coords, chunk_rows, grid_shape
-from kdajit.templates.tile_intra import (intra_tile, load_beta, load_rows, make_intra_mma, make_row_copy,
+from kdajit.templates.tile_intra import (fetch_beta, intra_tile, load_rows, make_intra_mma, make_row_copy,
                                          padded_pitch, padded_tile_layout)
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_layout, make_akk_store_copy,
                                            make_l_load_copy, store_akk_rows, x00_layout, zero_rows_from)
@@ -53,6 +58,7 @@ from kdajit.templates.tile_recompute import (VEC, RecomputeLayouts, gate_row, ma
                                              products_w_u, row_fragments, store_akk)
 
 NUM_THREADS = 128
+PHASES = ("loads", "intra", "inverse", "recompute")  # every kernel built from a key runs all of them
 SMEM_PER_SM = 233_472          # H100/H200: 228 KiB of shared memory per SM
 SMEM_PER_CTA_MAX = 232_448     # 227 KiB usable by one CTA
 SMEM_RESERVED_PER_CTA = 1_024  # taken by the system for every resident CTA
@@ -108,6 +114,9 @@ class FusedForward:
         self.beta_dtype = DTYPES[key.beta_dtype]
         self.config = key.config
         self.num_threads = NUM_THREADS
+        # Measurement only (benchmarks/fused_phases.py): a kernel that leaves phases out computes
+        # garbage and is never built from a key, so it never reaches the cache.
+        self.phases = PHASES
 
     @staticmethod
     def can_implement(key) -> bool:
@@ -117,7 +126,8 @@ class FusedForward:
         fits = (key.chunk == 64 and key.head_k == 128 and key.head_v == 128
                 and key.beta_dtype in DTYPES and key.varlen in VARLEN_MODES and key.arch in FUSED_ARCHS
                 and isinstance(key.output_qg, bool))
-        if not fits or not isinstance(cfg.persistent, bool) or cfg.raster not in RASTER_ORDERS:
+        if (not fits or not isinstance(cfg.persistent, bool) or cfg.raster not in RASTER_ORDERS
+                or cfg.loads_ahead not in LOADS_AHEAD):
             return False
         if not cfg.persistent and cfg != type(cfg)():  # one tile per CTA: the other fields do not apply
             return False
@@ -207,91 +217,153 @@ class FusedForward:
         )
         ops = (intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma)
         tensors = (mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, mChunkOffsets)
+        # Registers of the tile whose loads are in flight: its v rows and this thread's beta.
+        rV = row_fragments(self.chunk // (self.num_threads // (self.head_v // VEC)), bf16)
+        rBeta = cute.make_rmem_tensor((1,), f32)
         if cutlass.const_expr(self.config.persistent):
             bidx, _, _ = cute.arch.block_idx()
             gdim, _, _ = cute.arch.grid_dim()
-            heads = mQ.shape[2]
-            tiles = tiles_x * heads * mQ.shape[0]  # varlen: B == 1
+            tiles = tiles_x * mQ.shape[2] * mQ.shape[0]  # varlen: B == 1
             tile = cutlass.Int32(bidx)
-            while tile < tiles:
-                # Raster order of the walk: which of chunk x and head varies fastest.
-                x = tile % tiles_x
-                head = (tile // tiles_x) % heads
-                if cutlass.const_expr(self.config.raster == "head"):
-                    head = tile % heads
-                    x = (tile // heads) % tiles_x
-                z = tile // (tiles_x * heads)
-                self.process_tile(tensors, smem, ops, scale, x, head, z)
-                tile = tile + cutlass.Int32(gdim)
+            valid, batch, head, row0, rows = self.tile_at(tensors, tile, tiles, tiles_x)
+            if cutlass.const_expr(self.config.loads_ahead == 0):
+                while tile < tiles:
+                    if valid:
+                        self.load_tile(tensors, smem, ops, batch, head, row0, rows, rV, rBeta, "all")
+                        self.compute_tile(tensors, smem, ops, scale, batch, head, row0, rows, rV, rBeta)
+                    tile = tile + cutlass.Int32(gdim)
+                    valid, batch, head, row0, rows = self.tile_at(tensors, tile, tiles, tiles_x)
+            else:
+                if valid:
+                    self.load_tile(tensors, smem, ops, batch, head, row0, rows, rV, rBeta, "all")
+                while tile < tiles:
+                    nxt = tile + cutlass.Int32(gdim)
+                    n_valid, n_batch, n_head, n_row0, n_rows = self.tile_at(tensors, nxt, tiles, tiles_x)
+                    if valid:
+                        self.compute_tile(tensors, smem, ops, scale, batch, head, row0, rows, rV, rBeta,
+                                          (n_valid, n_batch, n_head, n_row0, n_rows))
+                    elif n_valid:
+                        self.load_tile(tensors, smem, ops, n_batch, n_head, n_row0, n_rows, rV, rBeta, "all")
+                    tile, valid, batch, head, row0, rows = nxt, n_valid, n_batch, n_head, n_row0, n_rows
         else:
             bidx, head, bidz = cute.arch.block_idx()
-            self.process_tile(tensors, smem, ops, scale, cutlass.Int32(bidx), cutlass.Int32(head),
-                              cutlass.Int32(bidz))
+            valid, batch, row0, rows = chunk_coords(mCuSeqlens, mChunkOffsets, mQ.shape[1], self.chunk,
+                                                    self.varlen, (cutlass.Int32(bidx), cutlass.Int32(bidz)))
+            if valid:
+                self.load_tile(tensors, smem, ops, batch, cutlass.Int32(head), row0, rows, rV, rBeta, "all")
+                self.compute_tile(tensors, smem, ops, scale, batch, cutlass.Int32(head), row0, rows, rV, rBeta)
 
     @cute.jit
-    def process_tile(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, ops: cutlass.Constexpr,
-                     scale: cutlass.Float32, tile_x: cutlass.Int32, head: cutlass.Int32,
-                     tile_z: cutlass.Int32):
-        """Phases 1-4 of the module docstring for the tile at grid position (tile_x, head, tile_z)."""
+    def tile_at(self, tensors: cutlass.Constexpr, tile: cutlass.Int32, tiles: cutlass.Int32,
+                tiles_x: cutlass.Int32):
+        """(valid, batch, head, row0, rows) of persistent tile index `tile` in the configured raster
+        order (which of chunk x and head varies fastest); not valid when tile >= tiles."""
+        mQ, mCuSeqlens, mChunkOffsets = tensors[0], tensors[11], tensors[12]
+        heads = mQ.shape[2]
+        x = tile % tiles_x
+        head = (tile // tiles_x) % heads
+        if cutlass.const_expr(self.config.raster == "head"):
+            head = tile % heads
+            x = (tile // heads) % tiles_x
+        z = tile // (tiles_x * heads)
+        valid, batch, row0, rows = chunk_coords(mCuSeqlens, mChunkOffsets, mQ.shape[1], self.chunk, self.varlen,
+                                                (x, min(z, mQ.shape[0] - 1)))
+        if tile >= tiles:
+            valid = cutlass.Boolean(False)
+        return valid, batch, head, row0, rows
+
+    @cute.jit
+    def load_tile(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, ops: cutlass.Constexpr,
+                  batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32, rows: cutlass.Int32,
+                  rV: cute.Tensor, rBeta: cute.Tensor, parts: cutlass.Constexpr):
+        """Issue a tile's loads without waiting: q, k, g rows < rows by cp.async into shared memory
+        (one commit group), v rows into rV, this thread's beta into rBeta. `parts`: "all", "q" (only
+        q) or "rest" (all but q)."""
+        mQ, mK, mV, mG, mBeta = tensors[:5]
+        sQ, sK, sG = smem[:3]
+        copy_qk, copy_g = ops[1], ops[2]
+        tidx, _, _ = cute.arch.thread_idx()
+        cTile = cute.make_identity_tensor((self.chunk, self.head_k))
+        loads = cutlass.const_expr("loads" in self.phases)
+        if cutlass.const_expr(loads and parts != "rest"):
+            load_rows(copy_qk, chunk_rows(mQ, batch, head, row0, self.chunk), sQ, cTile, tidx, rows)
+        if cutlass.const_expr(loads and parts != "q"):
+            load_rows(copy_qk, chunk_rows(mK, batch, head, row0, self.chunk), sK, cTile, tidx, rows)
+            load_rows(copy_g, chunk_rows(mG, batch, head, row0, self.chunk), sG, cTile, tidx, rows)
+        cute.arch.cp_async_commit_group()
+        if cutlass.const_expr(loads and parts != "q"):
+            self.load_v_rows(mV, batch, head, row0, rows, tidx, rV)
+            if tidx < self.chunk:
+                rBeta[0] = fetch_beta(mBeta, batch, row0, head, tidx, rows)
+
+    @cute.jit
+    def compute_tile(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, ops: cutlass.Constexpr,
+                     scale: cutlass.Float32, batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
+                     valid_rows: cutlass.Int32, rV: cute.Tensor, rBeta: cute.Tensor,
+                     next_tile: cutlass.Constexpr = None):
+        """Phases 2-4 of the module docstring for a tile whose loads (`load_tile`) are in flight.
+
+        With `next_tile` = (valid, batch, head, row0, rows), the next tile's loads are issued as soon
+        as their buffers are free: q after the intra phase when QG is off, the rest after the gate rows."""
         mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, mChunkOffsets = tensors
         sQ, sK, sG, sBeta, sL, sX00, sX, sA, sKp, sVp, sOutW, sOutU = smem
         intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma = ops
-        C, K = self.chunk, self.head_k
+        C = self.chunk
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
-        is_valid, batch, row0, valid_rows = chunk_coords(mCuSeqlens, mChunkOffsets, mQ.shape[1], C,
-                                                         self.varlen, (tile_x, tile_z))
-        if is_valid:
-            # 1. Loads: q, k, g, beta -> smem; v -> registers (used in phase 4).
-            tile = (C, K)
-            cTile = cute.make_identity_tensor(tile)
-            load_rows(copy_qk, chunk_rows(mQ, batch, head, row0, C), sQ, cTile, tidx, valid_rows)
-            load_rows(copy_qk, chunk_rows(mK, batch, head, row0, C), sK, cTile, tidx, valid_rows)
-            load_rows(copy_g, chunk_rows(mG, batch, head, row0, C), sG, cTile, tidx, valid_rows)
-            cute.arch.cp_async_commit_group()
-            rV = self.load_v_rows(mV, batch, head, row0, valid_rows, tidx)
-            load_beta(mBeta, sBeta, batch, row0, head, tidx, valid_rows, C)
-            cute.arch.cp_async_wait_group(0)
-            cute.arch.sync_threads()
+        ahead = cutlass.const_expr(next_tile is not None)
+        q_early = cutlass.const_expr(ahead and not self.output_qg)
+        cute.arch.cp_async_wait_group(0)
+        if tidx < C:
+            sBeta[tidx] = rBeta[0]
+        cute.arch.sync_threads()
 
-            # 2. Intra: Aqk -> global, L -> smem; L rows >= valid_rows := +0.
+        # 2. Intra: Aqk -> global, L -> smem; L rows >= valid_rows := +0.
+        if cutlass.const_expr("intra" in self.phases):
             intra_tile(intra_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, C), sL, warp_idx,
                        lane, valid_rows, scale)
             zero_rows_from(l_copy, sL, tidx, valid_rows)
-            cute.arch.sync_threads()
+        cute.arch.sync_threads()
+        if cutlass.const_expr(q_early):
+            if next_tile[0]:
+                self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "q")
 
-            # 3. Inverse in smem; Akk rows < valid_rows -> global.
+        # 3. Inverse in smem; Akk rows < valid_rows -> global.
+        if cutlass.const_expr("inverse" in self.phases):
             invert_tile(sL, sX, sX00, warp_idx, lane)
             cute.arch.sync_threads()
             store_akk_rows(akk_store_copy, sX, chunk_rows(mAkk, batch, head, row0, C), tidx, valid_rows)
 
-            # 4. Recompute: Akk -> A tile (reusing the L / X bytes), Kp, Vp, KG, QG, then W, U.
+        # 4. Recompute: Akk -> A tile (reusing the L / X bytes), Kp, Vp, KG, QG, then W, U.
+        recompute = cutlass.const_expr("recompute" in self.phases)
+        if cutlass.const_expr(recompute):
             rA = self.akk_rows_from_smem(sX, tidx)
             cute.arch.sync_threads()  # every thread has read sX and sL: the work region is free
             store_akk(rA, sA, valid_rows, tidx, self.num_threads)
             self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
                            batch, head, row0, valid_rows, tidx)
-            cute.arch.sync_threads()
+        cute.arch.sync_threads()  # q, k, g, beta and rV are consumed
+        if cutlass.const_expr(ahead):
+            if next_tile[0]:
+                self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "rest" if q_early else "all")
+        if cutlass.const_expr(recompute):
             products_w_u(wu_mma, sA, sKp, sVp, sOutW, sOutU, chunk_rows(mW, batch, head, row0, C),
                          chunk_rows(mU, batch, head, row0, C), valid_rows, tidx)
 
     @cute.jit
     def load_v_rows(self, mV: cute.Tensor, batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
-                    valid_rows: cutlass.Int32, tidx: cutlass.Int32):
-        """v of this thread's gate_row rows (t // 16 + 8p, columns 8 (t % 16) ..), clamped to row
+                    valid_rows: cutlass.Int32, tidx: cutlass.Int32, rV: cute.Tensor):
+        """v of this thread's gate_row rows (t // 16 + 8p, columns 8 (t % 16) ..) -> rV, clamped to row
         valid_rows - 1 as in the standalone recompute; invariant 16-byte loads, all in flight."""
         col_tiles = self.head_v // VEC
         rows_per_pass = self.num_threads // col_tiles
-        num_passes = self.chunk // rows_per_pass
         ld_bf16 = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), cutlass.BFloat16, num_bits_per_copy=128,
                                       invariant=True)
-        rV = row_fragments(num_passes, cutlass.BFloat16)
-        for p in cutlass.range_constexpr(num_passes):
+        for p in cutlass.range_constexpr(cute.size(rV, mode=[0])):
             src_row = row0 + min(tidx // col_tiles + p * rows_per_pass, valid_rows - 1)
             cute.copy(ld_bf16, cute.local_tile(mV[batch, src_row, head, None], (VEC,), (tidx % col_tiles,)),
                       rV[p, None])
-        return rV
 
     @cute.jit
     def akk_rows_from_smem(self, sX: cute.Tensor, tidx: cutlass.Int32):

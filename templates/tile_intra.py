@@ -78,10 +78,17 @@ def load_beta(mBeta: cute.Tensor, sBeta: cute.Tensor, batch: cutlass.Int32, row0
               chunk: cutlass.Constexpr):
     """beta of the chunk -> sBeta as fp32 (exact), 0 for rows >= valid_rows; threads < chunk."""
     if tidx < chunk:
-        beta = cutlass.Float32(0.0)
-        if tidx < valid_rows:
-            beta = cutlass.Float32(mBeta[batch, row0 + tidx, head])
-        sBeta[tidx] = beta
+        sBeta[tidx] = fetch_beta(mBeta, batch, row0, head, tidx, valid_rows)
+
+
+@cute.jit
+def fetch_beta(mBeta: cute.Tensor, batch: cutlass.Int32, row0: cutlass.Int32, head: cutlass.Int32,
+               row: cutlass.Int32, valid_rows: cutlass.Int32) -> cutlass.Float32:
+    """beta of one chunk row as fp32 (exact), 0 for rows >= valid_rows."""
+    beta = cutlass.Float32(0.0)
+    if row < valid_rows:
+        beta = cutlass.Float32(mBeta[batch, row0 + row, head])
+    return beta
 
 
 @cute.jit

@@ -18,7 +18,7 @@ import pytest
 import tiers
 
 from kdajit import compiler, keys
-from kdajit.keys import RASTER_ORDERS, ForwardSpec, FusedConfig, KernelConfig
+from kdajit.keys import ForwardSpec, FusedConfig, KernelConfig
 
 SPECS = [ForwardSpec(*values) for values in itertools.product(
     keys.BETA_DTYPES, keys.VARLEN_MODES, keys.HEAD_DIMS, keys.HEAD_DIMS, keys.CHUNK_SIZES, (False, True), keys.ARCHS)]
@@ -74,10 +74,7 @@ def test_templates_refuse_configs_they_do_not_implement(template):
         compiler.compile_key(bad)
 
 
-FUSED_CONFIGS = [FusedConfig(True, c, r) for c in (1, 2) for r in RASTER_ORDERS]
-
-
-@pytest.mark.parametrize("config", FUSED_CONFIGS, ids=lambda c: c.slug())
+@pytest.mark.parametrize("config", keys.FUSED_CONFIG_SPACE[1:], ids=lambda c: c.slug())
 def test_fused_persistent_configs_compile(config):
     key = ForwardSpec("fp32", "cu32", 128, 128, 64, True, "sm_90a").fused_key(config)
     assert compiler.template_class(key).can_implement(key)
@@ -88,4 +85,6 @@ def test_fused_refuses_configs_that_do_not_fit():
     spec = ForwardSpec("bf16", "cu32", 128, 128, 64, False, "sm_90a")
     cls = compiler.template_class(spec.fused_key())
     assert not cls.can_implement(spec.fused_key(FusedConfig(False, 1, "chunk")))  # not persistent: defaults
+    assert not cls.can_implement(spec.fused_key(FusedConfig(False, loads_ahead=1)))  # no next tile to load
+    assert not cls.can_implement(spec.fused_key(FusedConfig(True, 2, "chunk", 2)))  # no room for 2 tiles ahead
     assert not cls.can_implement(dataclasses.replace(spec.fused_key(), arch="sm_80"))

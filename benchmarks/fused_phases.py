@@ -1,0 +1,101 @@
+"""Where the fused kernel's time goes: time variants of it that leave phases out.
+
+    python benchmarks/fused_phases.py --export DIR      # compile the variants (works without a GPU)
+    python benchmarks/fused_phases.py [--objects DIR] [--json out.json]   # time them on the GPU
+
+Each variant is the fused kernel (templates/fused_forward.py) of one configuration with a subset of
+its phases: loads (q, k, g cp.async, v, beta), intra (Aqk, L), inverse (Akk), recompute (KG, W, U).
+A variant without some phase computes garbage (it is a timing instrument, never cached and never
+reachable from `kdajit.forward`); the differences between variants bound what each phase costs when
+the others run beside it. Shape: B=2 T=8192 H=64, bf16 beta, output_qg=False (the main bench row).
+Variants are compiled in this process unless `--objects` names a directory written by `--export`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+VARIANTS = {  # name: phases kept
+    "loads": ("loads",),
+    "loads+intra": ("loads", "intra"),
+    "loads+intra+inverse": ("loads", "intra", "inverse"),
+    "all": ("loads", "intra", "inverse", "recompute"),
+    "compute-only": ("intra", "inverse", "recompute"),
+    "intra+inverse": ("intra", "inverse"),
+}
+CONFIGS = {"tile": dict(), "persistent-c2-chunk-a1": dict(persistent=True, ctas_per_sm=2, loads_ahead=1)}
+
+
+def variant_kernel(config_name: str, phases: tuple[str, ...]):
+    from kdajit.keys import ForwardSpec, FusedConfig
+    from kdajit.templates.fused_forward import FusedForward
+
+    key = ForwardSpec("bf16", "dense", 128, 128, 64, False, "sm_90a").fused_key(FusedConfig(**CONFIGS[config_name]))
+    kernel = FusedForward(key)
+    kernel.phases = phases
+    return key, kernel
+
+
+def export(directory: str) -> None:
+    from kdajit import compiler
+
+    os.makedirs(directory, exist_ok=True)
+    for config_name in CONFIGS:
+        for name, phases in VARIANTS.items():
+            key, kernel = variant_kernel(config_name, phases)
+            compiled = compiler.compile_template(kernel, key.arch)
+            compiler.export_object(compiled, os.path.join(directory, f"{config_name}.{name}.o"))
+            print(f"{config_name} {name}: compiled in {compiled.kdajit_compile_s:.1f} s", flush=True)
+
+
+def time_variants(objects: str | None) -> list[dict]:
+    import torch
+    import triton.testing
+
+    from kdajit import compiler, reference
+
+    B, T, H = 2, 8192, 64
+    x = reference.make_inputs(B, T, H, beta_dtype=torch.bfloat16, device="cuda")
+    empty = lambda d: torch.empty(B, T, H, d, dtype=torch.bfloat16, device="cuda")
+    outs = (empty(64), empty(64), empty(128), empty(128), empty(128))
+    qg = torch.zeros(1, 1, 1, 128, dtype=torch.bfloat16, device="cuda")
+    dummy = torch.zeros(1, dtype=torch.int32, device="cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    results = []
+    for config_name, fields in CONFIGS.items():
+        max_ctas = sms * 2 if fields.get("persistent") else 1
+        for name, phases in VARIANTS.items():
+            if objects:
+                fn = compiler.load_object(os.path.join(objects, f"{config_name}.{name}.o"))
+            else:
+                key, kernel = variant_kernel(config_name, phases)
+                fn = compiler.callable_of(compiler.compile_template(kernel, key.arch))
+            call = lambda: fn(x["q"], x["k"], x["v"], x["gk"], x["beta"], *outs, qg, dummy, dummy, 128 ** -0.5,
+                              max_ctas)
+            ms = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
+            results.append({"config": config_name, "variant": name, "phases": list(phases), "ms": ms})
+            print(f"| {config_name} | {name} | {ms:.3f} |", flush=True)
+    return results
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--export", metavar="DIR", help="compile every variant to object files in DIR and exit")
+    parser.add_argument("--objects", metavar="DIR", help="load the variants from DIR instead of compiling")
+    parser.add_argument("--json", help="write the timings here")
+    args = parser.parse_args(argv)
+    if args.export:
+        export(args.export)
+        return 0
+    print("| config | phases kept | ms |\n|---|---|---|")
+    results = time_variants(args.objects)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
