@@ -47,11 +47,16 @@ def run(x, cu=None, output_qg=True):
     out = poisoned_out(B, T, H, qg=output_qg)
     res = kdajit.forward(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=output_qg, out=out)
     torch.cuda.synchronize()
+    assert_written(res)
+    return res
+
+
+def assert_written(res, what=""):
+    """Every element of every output of a NaN-poisoned call was written."""
     for name in OUTPUTS:
         t = getattr(res, name)
         if t is not None:
-            assert not torch.isnan(t).any(), f"{name}: {int(torch.isnan(t).sum())} elements never written"
-    return res
+            assert not torch.isnan(t).any(), f"{what} {name}: {int(torch.isnan(t).sum())} elements never written"
 
 
 def assert_bitwise(a, b, what):

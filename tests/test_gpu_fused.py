@@ -1,14 +1,13 @@
 """GPU: the fused forward kernel is bitwise equal to the standalone route, in every configuration.
 
 `kdajit.forward` runs the fused kernel on sm_90a; `kdajit.intra` + `kdajit.recompute_w_u` run the
-standalone kernels. Every output of every fused configuration (FusedConfig: one tile per CTA, or
-persistent CTAs with 1 or 2 CTAs per SM and either raster order) must equal the standalone route's bits,
-for both beta dtypes, dense and varlen (int32 and int64 cu_seqlens), with and without QG, on partial
-chunks, 1-token and empty sequences, and on shapes with many more tiles than CTAs (so every persistent
-CTA walks several tiles and reuses its shared memory). Outputs are poisoned with NaN before each call.
+standalone kernels. Every output of every fused configuration (`kdajit.keys.FUSED_CONFIG_SPACE`: one
+tile per CTA, or persistent CTAs with 1 or 2 CTAs per SM, either raster order, loads issued one tile
+ahead or not) must equal the standalone route's bits, for both beta dtypes, dense and varlen (int32 and
+int64 cu_seqlens), with and without QG, on partial chunks, 1-token and empty sequences, and on shapes
+with many more tiles than CTAs (so every persistent CTA walks several tiles and reuses its shared
+memory). Outputs are poisoned with NaN before each call.
 """
-import os
-
 import pytest
 import torch
 
@@ -16,7 +15,7 @@ import kdajit
 from kdajit import api, compiler, reference
 from kdajit.keys import BETA_DTYPES, FUSED_CONFIG_SPACE, ForwardSpec, FusedConfig
 from kdajit.outputs import BETA_TORCH_DTYPES
-
+from test_gpu_forward import OUTPUTS, assert_bitwise, assert_written, poisoned_out, seed  # noqa: F401 (fixture)
 
 
 def _arch_has_fused() -> bool:
@@ -28,30 +27,19 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
               pytest.mark.skipif(not _arch_has_fused(), reason="this GPU's arch has no fused kernel")]
 
-OUTPUTS = ("Aqk", "Akk", "w", "u", "kg", "qg")
-INPUTS = ("q", "k", "v", "gk", "beta")
 CONFIGS = FUSED_CONFIG_SPACE
 
 
-@pytest.fixture
-def seed():
-    value = int.from_bytes(os.urandom(4), "little")
-    torch.manual_seed(value)
-    print(f"seed={value}")
-    return value
-
-
 def poisoned(x, output_qg):
-    B, T, H, K = x["k"].shape
-    nan = lambda *shape: torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
-    return kdajit.ForwardOutput(nan(B, T, H, 64), nan(B, T, H, 64), nan(B, T, H, K), nan(B, T, H, x["v"].shape[-1]),
-                                nan(B, T, H, K), nan(B, T, H, K) if output_qg else None)
+    B, T, H, _ = x["q"].shape
+    return poisoned_out(B, T, H, qg=output_qg)
 
 
 def fused(x, cu, output_qg, config):
     out = api._forward(x["q"], x["k"], x["v"], x["gk"], x["beta"], None, cu, 64, output_qg, True,
                        poisoned(x, output_qg), fused_config=config)
     torch.cuda.synchronize()
+    assert_written(out, f"fused {config}")
     return out
 
 
@@ -61,18 +49,8 @@ def standalone(x, cu, output_qg):
     kdajit.recompute_w_u(x["k"], x["v"], x["beta"], Akk, x["gk"], cu_seqlens=cu, q=x["q"] if output_qg else None,
                          out=out)
     torch.cuda.synchronize()
+    assert_written(out, "standalone")
     return out
-
-
-def assert_bitwise(a, b, what):
-    for name in OUTPUTS:
-        x, y = getattr(a, name), getattr(b, name)
-        if x is None and y is None:
-            continue
-        assert not torch.isnan(x).any(), f"{what}: {name} has {int(torch.isnan(x).sum())} elements never written"
-        if not torch.equal(x.view(torch.int16), y.view(torch.int16)):
-            bad = (x.view(torch.int16) != y.view(torch.int16)).nonzero()
-            raise AssertionError(f"{what}: {name} differs in {len(bad)} elements, first at {bad[0].tolist()}")
 
 
 def varlen_inputs(lengths, H, beta_dtype, index_dtype=torch.int32):
