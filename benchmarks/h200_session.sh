@@ -60,8 +60,9 @@ for what in "$@"; do
       stage memcheck_hostile 240 compute-sanitizer --tool memcheck --error-exitcode 1 \
         python3 -m pytest -q -m gpu tests/test_gpu_hostile.py -k cu_seqlens
       for tool in memcheck racecheck initcheck synccheck; do
-        stage "sanitizer_$tool" 240 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-          python3 -m pytest -q -m gpu tests/test_gpu_forward.py -k "empty_sequences or random_varlen or forward_equals"
+        stage "sanitizer_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+          python3 -m pytest -q -m gpu tests/test_gpu_forward.py tests/test_gpu_fused.py \
+          -k "empty_sequences or random_varlen or forward_equals or standalone_varlen or a1"
       done
       unset PYTORCH_NO_CUDA_MEMORY_CACHING ;;
     *) echo "unknown stage $what"; status=2 ;;
