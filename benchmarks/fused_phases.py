@@ -54,7 +54,8 @@ def time_variants(objects: str | None) -> list[dict]:
     import torch
     import triton.testing
 
-    from kdajit import compiler, reference
+    from kdajit import api, compiler, reference
+    from kdajit.keys import FusedForwardKey
 
     B, T, H = 2, 8192, 64
     x = reference.make_inputs(B, T, H, beta_dtype=torch.bfloat16, device="cuda")
@@ -72,8 +73,9 @@ def time_variants(objects: str | None) -> list[dict]:
             else:
                 key, kernel = variant_kernel(config_name, phases)
                 fn = compiler.callable_of(compiler.compile_template(kernel, key.arch))
-            call = lambda: fn(x["q"], x["k"], x["v"], x["gk"], x["beta"], *outs, qg, dummy, dummy, 128 ** -0.5,
-                              max_ctas)
+            call = lambda: api._launch(fn, FusedForwardKey, **{n: x[n] for n in ("q", "k", "v", "gk", "beta")}, Aqk=outs[0], Akk=outs[1], w=outs[2], u=outs[3],
+                                       kg=outs[4], qg=qg, cu_seqlens=dummy, chunk_offsets=dummy, scale=128 ** -0.5,
+                                       max_ctas=max_ctas)
             ms = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
             results.append({"config": config_name, "variant": name, "phases": list(phases), "ms": ms})
             print(f"| {config_name} | {name} | {ms:.3f} |", flush=True)

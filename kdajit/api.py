@@ -11,7 +11,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from kdajit import cache, compiler, env, ops, validate
-from kdajit.keys import ForwardSpec, FusedConfig
+from kdajit.keys import AkkInverseKey, ForwardSpec, FusedConfig, FusedForwardKey, IntraKey, RecomputeWUKey
 from kdajit.outputs import ForwardOutput
 
 
@@ -105,24 +105,37 @@ def _recompute_outputs(out: ForwardOutput | None, k: torch.Tensor, v: torch.Tens
     return _output(out, "w", k.shape, k), _output(out, "u", v.shape, k), _output(out, "kg", k.shape, k), qg
 
 
+# Each kernel's argument names in launch order (kdajit.keys: the same definition its template compiles with).
+_ARG_NAMES = {key_type: tuple(arg.name for arg in key_type.ARGS)
+              for key_type in (IntraKey, AkkInverseKey, RecomputeWUKey, FusedForwardKey)}
+
+
+def _launch(kernel: Callable, key_type: type, **args) -> None:
+    """Call a compiled kernel with its arguments by name, in the order its key declares (no positional swaps)."""
+    kernel(*[args[name] for name in _ARG_NAMES[key_type]])
+
+
 def _run_intra(q, k, gk, beta, scale, cu, offsets, kernels, Aqk, Akk) -> None:
     if Aqk.numel():
         L = torch.empty(Aqk.shape, dtype=torch.float32, device=q.device)
-        kernels.intra(q, k, gk, beta, Aqk, L, cu, offsets, scale)
-        kernels.inverse(L, Akk, cu, offsets)
+        _launch(kernels.intra, IntraKey, q=q, k=k, gk=gk, beta=beta, Aqk=Aqk, L=L, cu_seqlens=cu,
+                chunk_offsets=offsets, scale=scale)
+        _launch(kernels.inverse, AkkInverseKey, L=L, Akk=Akk, cu_seqlens=cu, chunk_offsets=offsets)
 
 
 def _run_recompute(k, v, beta, Akk, gk, q, cu, offsets, kernels, w, u, kg, qg) -> None:
     if k.numel():
         q_arg = q if q is not None else _dummy(k.device, torch.bfloat16, (1, 1, 1, k.shape[-1]))
         qg_arg = qg if qg is not None else q_arg
-        kernels.recompute(k, v, beta, Akk, gk, q_arg, w, u, kg, qg_arg, cu, offsets)
+        _launch(kernels.recompute, RecomputeWUKey, k=k, v=v, beta=beta, Akk=Akk, gk=gk, q=q_arg, w=w, u=u, kg=kg,
+                qg=qg_arg, cu_seqlens=cu, chunk_offsets=offsets)
 
 
 def _run_fused(q, k, v, gk, beta, scale, cu, offsets, kernels, Aqk, Akk, w, u, kg, qg) -> None:
     if k.numel():
         qg_arg = qg if qg is not None else _dummy(k.device, torch.bfloat16, (1, 1, 1, k.shape[-1]))
-        kernels.fused(q, k, v, gk, beta, Aqk, Akk, w, u, kg, qg_arg, cu, offsets, scale, kernels.fused_max_ctas)
+        _launch(kernels.fused, FusedForwardKey, q=q, k=k, v=v, gk=gk, beta=beta, Aqk=Aqk, Akk=Akk, w=w, u=u, kg=kg,
+                qg=qg_arg, cu_seqlens=cu, chunk_offsets=offsets, scale=scale, max_ctas=kernels.fused_max_ctas)
 
 
 def _refuse_autograd(entry: str, **tensors: torch.Tensor | None) -> None:
@@ -145,8 +158,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
     [B, T, H, K]; beta: bf16 or fp32 [B, T, H]; scale defaults to K ** -0.5; cu_seqlens: int32 or
     int64 [N+1] with B == 1 for packed sequences. On sm_90a one fused kernel computes everything;
     elsewhere (or with KDAJIT_FORWARD_ROUTE=standalone) intra, inverse and recompute run in turn. Both
-    routes are bitwise equal to `recompute_w_u(k, v, beta, intra(...)[1], gk, q=...)`. `out`: preallocated outputs to write into (e.g. static buffers for
-    CUDA graphs); `out.qg` is needed only with `output_qg`. Under torch.compile it traces as the custom
+    routes are bitwise equal to `recompute_w_u(k, v, beta, intra(...)[1], gk, q=...)`. `out`:
+    preallocated outputs to write into (e.g. static buffers for CUDA graphs); `out.qg` is needed only
+    with `output_qg`. Under torch.compile it traces as the custom
     ops `kdajit::forward` / `kdajit::forward_out` (kdajit.ops).
     """
     _refuse_autograd("forward", q=q, k=k, v=v, gk=gk, beta=beta)

@@ -25,6 +25,7 @@ CHUNK_SIZES = (64,)
 TILE_ALIGN = 16  # [B, T, H, D] tensors: q, k, v, gk, Akk, the L workspace and every output
 ROW_ALIGN = 4  # [B, T, H] tensors: beta (bf16 or fp32)
 SEQ_ALIGN = 4  # cu_seqlens and chunk_offsets
+ALIGN_BY_KIND = {"bthd": TILE_ALIGN, "bth": ROW_ALIGN, "seq": SEQ_ALIGN}  # per `KernelArg.kind`
 ARCHS = ("sm_80", "sm_90a", "sm_100a")
 
 
@@ -84,11 +85,43 @@ FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
 
 
 @dataclass(frozen=True)
+class KernelArg:
+    """One argument of a kernel: the single definition its template's fake arguments and the API's
+    launch are both built from (by name, so two same-typed tensors cannot be swapped).
+
+    `name`: the API's name (kdajit.validate.ALIGNMENT's for tensors). `kind`: "bthd" ([B, T, H, D],
+    D the key field `last`), "bth" ([B, T, H]), "seq" ([N + 1] vector) or "scalar". `dtype`: "bf16",
+    "fp32", "int32", "beta" (the key's beta dtype) or "cu" (its cu_seqlens dtype). `qg_only`: read or
+    written only when the key's output_qg is set; otherwise it has sizes of its own, so the API may
+    pass a small dummy."""
+
+    name: str
+    kind: str
+    dtype: str
+    last: str = ""
+    qg_only: bool = False
+
+
+def _args(*specs: str) -> tuple[KernelArg, ...]:
+    """KernelArgs from "name:kind:dtype[:last][:qg_only]" words."""
+    out = []
+    for spec in specs:
+        name, kind, dtype, *rest = spec.split(":")
+        out.append(KernelArg(name, kind, dtype, rest[0] if rest else "", "qg_only" in rest[1:]))
+    return tuple(out)
+
+
+_SEQ = ("cu_seqlens:seq:cu", "chunk_offsets:seq:int32")
+
+
+@dataclass(frozen=True)
 class _KernelKey:
     """Common behaviour of the per-template compile keys."""
 
     TEMPLATE: ClassVar[str] = ""
     CONFIG: ClassVar[type] = KernelConfig
+    # The kernel's arguments in order (the template's __call__ takes them so, then the stream).
+    ARGS: ClassVar[tuple[KernelArg, ...]] = ()
 
     def to_json(self) -> dict:
         """Canonical JSON form (stable field order), used for hashing and metadata."""
@@ -115,6 +148,9 @@ class IntraKey(_KernelKey):
     """Aqk and the strict-lower L workspace (fp32) for one (chunk, head) per CTA."""
 
     TEMPLATE: ClassVar[str] = "intra"
+    ARGS: ClassVar[tuple[KernelArg, ...]] = _args(
+        "q:bthd:bf16:head_k", "k:bthd:bf16:head_k", "gk:bthd:fp32:head_k", "beta:bth:beta", "Aqk:bthd:bf16:chunk",
+        "L:bthd:fp32:chunk", *_SEQ, "scale:scalar:fp32")
     beta_dtype: str
     varlen: str
     head_k: int
@@ -128,6 +164,7 @@ class AkkInverseKey(_KernelKey):
     """Akk = (I + L)^-1 from the fp32 L workspace."""
 
     TEMPLATE: ClassVar[str] = "akk_inverse"
+    ARGS: ClassVar[tuple[KernelArg, ...]] = _args("L:bthd:fp32:chunk", "Akk:bthd:bf16:chunk", *_SEQ)
     varlen: str
     chunk: int
     arch: str
@@ -139,6 +176,10 @@ class RecomputeWUKey(_KernelKey):
     """W, U, KG (and QG when `output_qg`) from Akk."""
 
     TEMPLATE: ClassVar[str] = "recompute_wu"
+    ARGS: ClassVar[tuple[KernelArg, ...]] = _args(
+        "k:bthd:bf16:head_k", "v:bthd:bf16:head_v", "beta:bth:beta", "Akk:bthd:bf16:chunk", "gk:bthd:fp32:head_k",
+        "q:bthd:bf16:head_k:qg_only", "w:bthd:bf16:head_k", "u:bthd:bf16:head_v", "kg:bthd:bf16:head_k",
+        "qg:bthd:bf16:head_k:qg_only", *_SEQ)
     beta_dtype: str
     varlen: str
     head_k: int
@@ -154,6 +195,10 @@ class FusedForwardKey(_KernelKey):
     """The whole forward intra stage (Aqk, Akk, W, U, KG, QG when `output_qg`) in one kernel."""
 
     TEMPLATE: ClassVar[str] = "fused_forward"
+    ARGS: ClassVar[tuple[KernelArg, ...]] = _args(
+        "q:bthd:bf16:head_k", "k:bthd:bf16:head_k", "v:bthd:bf16:head_v", "gk:bthd:fp32:head_k", "beta:bth:beta",
+        "Aqk:bthd:bf16:chunk", "Akk:bthd:bf16:chunk", "w:bthd:bf16:head_k", "u:bthd:bf16:head_v",
+        "kg:bthd:bf16:head_k", "qg:bthd:bf16:head_k:qg_only", *_SEQ, "scale:scalar:fp32", "max_ctas:scalar:int32")
     CONFIG: ClassVar[type] = FusedConfig
     beta_dtype: str
     varlen: str
@@ -166,6 +211,9 @@ class FusedForwardKey(_KernelKey):
 
 
 KEY_TYPES = {k.TEMPLATE: k for k in (IntraKey, AkkInverseKey, RecomputeWUKey, FusedForwardKey)}
+# Base-address alignment of every tensor argument of every kernel, by the API's name.
+ARG_ALIGNMENT = {arg.name: ALIGN_BY_KIND[arg.kind] for key_type in KEY_TYPES.values() for arg in key_type.ARGS
+                 if arg.kind in ALIGN_BY_KIND}
 # Archs on which `kdajit.forward` runs the fused kernel (elsewhere: intra + inverse + recompute).
 FUSED_ARCHS = ("sm_90a",)
 

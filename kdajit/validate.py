@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from kdajit import env
-from kdajit.keys import CHUNK_SIZES, HEAD_DIMS, ROW_ALIGN, SEQ_ALIGN, TILE_ALIGN
+from kdajit.keys import ARG_ALIGNMENT, CHUNK_SIZES, HEAD_DIMS
 from kdajit.outputs import BETA_TORCH_DTYPES
 
 _BETA_DTYPES = {dtype: name for name, dtype in BETA_TORCH_DTYPES.items()}
@@ -22,10 +22,9 @@ _CU_DTYPES = {torch.int32: "cu32", torch.int64: "cu64"}
 _MAX_INDEX = 2**31 - 1  # also the CUDA grid x limit (chunks)
 _MAX_GRID_YZ = 65535  # CUDA grid y (heads) and z (batch) limits
 _FP32_MAX = 3.4028234663852886e38
-# Base-address alignment (bytes) the kernels assume for each tensor argument (kdajit.keys; the templates'
-# fake tensors declare the same, which tests/test_validation.py checks).
-ALIGNMENT = {**dict.fromkeys(("q", "k", "v", "gk", "Akk", "L", "Aqk", "w", "u", "kg", "qg"), TILE_ALIGN),
-             "beta": ROW_ALIGN, "cu_seqlens": SEQ_ALIGN, "chunk_offsets": SEQ_ALIGN}
+# Base-address alignment (bytes) the kernels assume for each tensor argument: kdajit.keys' kernel argument
+# definitions, from which the templates' fake tensors are built too (tests/test_validation.py checks both).
+ALIGNMENT = ARG_ALIGNMENT
 # Last dimension of each output, as a Problem field.
 _OUTPUT_LAST_DIM = {"Aqk": "chunk", "Akk": "chunk", "w": "head_k", "u": "head_v", "kg": "head_k", "qg": "head_k"}
 

@@ -42,7 +42,7 @@ load. Register arrays are indexed by trace-time constants only. Why the 2x2 spli
 three warps issue ~1.4-1.5k instructions per tile and the fourth ~0.6k, and the per-tile critical
 path is shorter.
 
-Shared memory: L 64x64 fp32 (16 KiB) + X 64x64 bf16 (8 KiB) + X00 32x32 fp32 (4 KiB) = 28 KiB
+Shared memory: L 64x64 fp32 (16 KiB) + X 64x64 bf16 (8 KiB) + X00 32x32 fp32 (4 KiB) = 28,672 bytes
 per CTA; the 32x32 fp32 chain states of step 3 reuse L rows 0..15, dead after step 2.
 
 Code: steps 2-5 are the per-tile functions of templates/tile_inverse.py, shared with the fused
@@ -56,14 +56,28 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.runtime import make_fake_stream
 from cutlass.memory import SmemAllocator
 
 from kdajit.keys import AkkInverseKey
-from kdajit.templates.common import SymbolicShapes, chunk_coords, grid_shape
+from kdajit.templates.common import chunk_coords, fake_arguments, grid_shape, make_struct
 from kdajit.templates.tile_inverse import (NUM_WARPS, akk_tile_layout, invert_tile, l_tile_layout,
                                            make_akk_store_copy, make_l_load_copy, store_akk_rows,
                                            x00_layout)
+
+
+def inverse_smem_struct(chunk: int):
+    """The inverse kernel's shared memory: L (fp32), Akk (bf16) and the X00 chain states (fp32)."""
+    S = cute.struct
+    return make_struct("InverseSmem", [
+        ("l", S.Align[S.MemRange[cutlass.Float32, chunk * chunk], 16]),
+        ("akk", S.Align[S.MemRange[cutlass.BFloat16, chunk * chunk], 16]),
+        ("x00", S.Align[S.MemRange[cutlass.Float32, (chunk // 2) ** 2], 16]),
+    ])
+
+
+def smem_bytes(key) -> int:
+    """Shared memory of one CTA of `key`'s kernel (the module docstring states it)."""
+    return inverse_smem_struct(key.chunk).__sizeof__()
 
 
 class AkkInverse:
@@ -80,11 +94,7 @@ class AkkInverse:
         return key.chunk == 64 and key.config.warps == NUM_WARPS
 
     def fake_args(self) -> tuple:
-        shapes = SymbolicShapes()
-        mL = shapes.bthd(cutlass.Float32, self.chunk)
-        mAkk = shapes.bthd(cutlass.BFloat16, self.chunk)
-        mCuSeqlens, mChunkOffsets = shapes.seq_vectors(self.key.varlen)
-        return mL, mAkk, mCuSeqlens, mChunkOffsets, make_fake_stream(use_tvm_ffi_env_stream=True)
+        return fake_arguments(self.key)
 
     @cute.jit
     def __call__(self, mL: cute.Tensor, mAkk: cute.Tensor, mCuSeqlens: cute.Tensor,
@@ -103,10 +113,10 @@ class AkkInverse:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
 
-        smem = SmemAllocator()
-        sL = smem.allocate_tensor(cutlass.Float32, l_tile_layout(C), 16)
-        sX = smem.allocate_tensor(cutlass.BFloat16, akk_tile_layout(C), 16)
-        sX00 = smem.allocate_tensor(cutlass.Float32, x00_layout(C), 16)
+        storage = SmemAllocator().allocate(inverse_smem_struct(C))
+        sL = storage.l.get_tensor(l_tile_layout(C))
+        sX = storage.akk.get_tensor(akk_tile_layout(C))
+        sX00 = storage.x00.get_tensor(x00_layout(C))
 
         is_valid, batch, row0, valid_rows = chunk_coords(mCuSeqlens, mChunkOffsets, mL.shape[1],
                                                          C, self.varlen)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.runtime import make_fake_compact_tensor
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
-from kdajit.keys import VARLEN_MODES
+from kdajit.keys import ALIGN_BY_KIND, VARLEN_MODES
 
 DTYPES = {"bf16": cutlass.BFloat16, "fp32": cutlass.Float32}
 CU_SEQLENS_DTYPES = {"cu32": cutlass.Int32, "cu64": cutlass.Int64}
@@ -32,22 +32,46 @@ class SymbolicShapes:
         self.seq_bound = cute.sym_int()  # N + 1 in varlen mode; unconstrained (a dummy) when dense
 
     def bthd(self, dtype, last: int):
-        """A contiguous [B, T, H, last] tensor, 16-byte aligned."""
+        """A contiguous [B, T, H, last] tensor."""
         return make_fake_compact_tensor(dtype, (self.batch, self.tokens, self.heads, last),
-                                        stride_order=(3, 2, 1, 0), assumed_align=16)
+                                        stride_order=(3, 2, 1, 0), assumed_align=ALIGN_BY_KIND["bthd"])
 
     def bth(self, dtype):
         """A contiguous [B, T, H] tensor (beta)."""
         return make_fake_compact_tensor(dtype, (self.batch, self.tokens, self.heads),
-                                        stride_order=(2, 1, 0), assumed_align=4)
+                                        stride_order=(2, 1, 0), assumed_align=ALIGN_BY_KIND["bth"])
 
-    def seq_vectors(self, varlen: str):
-        """(cu_seqlens, chunk_offsets) fake tensors. Dense kernels get 1-D dummies they never read."""
-        assert varlen in VARLEN_MODES
-        cu_dtype = CU_SEQLENS_DTYPES.get(varlen, cutlass.Int32)
-        cu = make_fake_compact_tensor(cu_dtype, (self.seq_bound,), assumed_align=4)
-        offsets = make_fake_compact_tensor(cutlass.Int32, (self.seq_bound,), assumed_align=4)
-        return cu, offsets
+    def seq(self, dtype):
+        """A [N + 1] vector (cu_seqlens, chunk_offsets; dense kernels get dummies they never read)."""
+        return make_fake_compact_tensor(dtype, (self.seq_bound,), assumed_align=ALIGN_BY_KIND["seq"])
+
+
+def fake_arguments(key) -> tuple:
+    """The arguments `cute.compile` traces `key`'s kernel with: one per `key.ARGS` entry, then the stream."""
+    assert key.varlen in VARLEN_MODES
+    shapes = SymbolicShapes()
+    # Without QG, the QG-only tensors are never touched: their own sizes let the caller pass small dummies.
+    qg_shapes = shapes if getattr(key, "output_qg", False) else SymbolicShapes()
+    dtypes = {"bf16": cutlass.BFloat16, "fp32": cutlass.Float32, "int32": cutlass.Int32,
+              "beta": DTYPES.get(getattr(key, "beta_dtype", "")),
+              "cu": CU_SEQLENS_DTYPES.get(key.varlen, cutlass.Int32)}
+    fakes = []
+    for arg in key.ARGS:
+        dtype = dtypes[arg.dtype]
+        if arg.kind == "bthd":
+            fakes.append((qg_shapes if arg.qg_only else shapes).bthd(dtype, getattr(key, arg.last)))
+        elif arg.kind == "bth":
+            fakes.append(shapes.bth(dtype))
+        elif arg.kind == "seq":
+            fakes.append(shapes.seq(dtype))
+        else:
+            fakes.append(dtype(1))
+    return (*fakes, make_fake_stream(use_tvm_ffi_env_stream=True))
+
+
+def make_struct(name: str, fields: list):
+    """A `cute.struct` (a shared-memory layout with its byte count as code) from (name, type) pairs."""
+    return cute.struct(type(name, (), {"__annotations__": dict(fields)}))
 
 
 def grid_shape(mQ: cute.Tensor, mCuSeqlens: cute.Tensor, chunk: int, varlen: bool):

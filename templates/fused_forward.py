@@ -45,11 +45,10 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.runtime import make_fake_stream
 from cutlass.memory import SmemAllocator
 
 from kdajit.keys import FUSED_ARCHS, LOADS_AHEAD, RASTER_ORDERS, VARLEN_MODES, FusedForwardKey
-from kdajit.templates.common import DTYPES, SymbolicShapes, chunk_coords, chunk_rows, grid_shape
+from kdajit.templates.common import DTYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape, make_struct
 from kdajit.templates.tile_intra import (fetch_beta, intra_tile, load_rows, make_intra_mma, make_row_copy,
                                          padded_pitch, padded_tile_layout)
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_layout, make_akk_store_copy,
@@ -66,28 +65,23 @@ SMEM_CARVEOUT_MAX = 100        # percent: all of the unified L1 / shared array a
                                # that ctas_per_sm CTAs are resident (the driver's choice is only a hint)
 
 
-def _struct(name: str, fields: list):
-    """A `cute.struct` from (name, type) pairs (annotations built as values, not strings)."""
-    return cute.struct(type(name, (), {"__annotations__": dict(fields)}))
-
-
 def fused_smem_struct(chunk: int, head_k: int, head_v: int):
     """(Smem, InverseWork, RecomputeWork): the fused kernel's shared memory as `cute.struct`s.
 
     InverseWork and RecomputeWork are two views of Smem.work (phases 2-3 and phase 4)."""
     S = cute.struct
     bf16, f32 = cutlass.BFloat16, cutlass.Float32
-    inverse_work = _struct("InverseWork", [
+    inverse_work = make_struct("InverseWork", [
         ("l", S.MemRange[f32, chunk * chunk]),
         ("x00", S.MemRange[f32, (chunk // 2) ** 2]),
         ("akk", S.MemRange[bf16, chunk * chunk]),
     ])
-    recompute_work = _struct("RecomputeWork", [
+    recompute_work = make_struct("RecomputeWork", [
         ("akk", S.Align[S.MemRange[bf16, chunk * chunk], 1024]),
         ("kp", S.Align[S.MemRange[bf16, head_k * chunk], 1024]),
     ])
     work_bytes = max(inverse_work.__sizeof__(), recompute_work.__sizeof__())
-    smem = _struct("FusedSmem", [
+    smem = make_struct("FusedSmem", [
         ("work", S.Align[S.MemRange[cutlass.Uint8, work_bytes], 1024]),
         ("vp", S.Align[S.MemRange[bf16, head_v * chunk], 1024]),
         ("q", S.Align[S.MemRange[bf16, chunk * padded_pitch(bf16, head_k)], 128]),
@@ -99,7 +93,7 @@ def fused_smem_struct(chunk: int, head_k: int, head_v: int):
 
 
 def smem_bytes(key: FusedForwardKey) -> int:
-    """Shared memory of one CTA of `key`'s kernel."""
+    """Shared memory of one CTA of `key`'s kernel (the module docstring states it)."""
     return fused_smem_struct(key.chunk, key.head_k, key.head_v)[0].__sizeof__()
 
 
@@ -111,7 +105,6 @@ class FusedForward:
         self.chunk, self.head_k, self.head_v = key.chunk, key.head_k, key.head_v
         self.output_qg = key.output_qg
         self.varlen = key.varlen != "dense"
-        self.beta_dtype = DTYPES[key.beta_dtype]
         self.config = key.config
         self.num_threads = NUM_THREADS
         # Measurement only (benchmarks/fused_phases.py): a kernel that leaves phases out computes
@@ -139,32 +132,10 @@ class FusedForward:
                 and cfg.ctas_per_sm * NUM_THREADS <= 2048)
 
     def fake_args(self) -> tuple:
-        shapes = SymbolicShapes()
-        bf16, f32 = cutlass.BFloat16, cutlass.Float32
-        # Without QG, qg is never touched: its own sizes let the caller pass a small dummy.
-        qg_shapes = shapes if self.output_qg else SymbolicShapes()
-        cu_seqlens, chunk_offsets = shapes.seq_vectors(self.key.varlen)
-        return (
-            shapes.bthd(bf16, self.head_k),       # mQ
-            shapes.bthd(bf16, self.head_k),       # mK
-            shapes.bthd(bf16, self.head_v),       # mV
-            shapes.bthd(f32, self.head_k),        # mG
-            shapes.bth(self.beta_dtype),          # mBeta
-            shapes.bthd(bf16, self.chunk),        # mAqk
-            shapes.bthd(bf16, self.chunk),        # mAkk
-            shapes.bthd(bf16, self.head_k),       # mW
-            shapes.bthd(bf16, self.head_v),       # mU
-            shapes.bthd(bf16, self.head_k),       # mKG
-            qg_shapes.bthd(bf16, self.head_k),    # mQG
-            cu_seqlens,
-            chunk_offsets,
-            cutlass.Float32(1.0),                 # scale
-            cutlass.Int32(1),                     # max_ctas (persistent grid bound)
-            make_fake_stream(use_tvm_ffi_env_stream=True),
-        )
+        return fake_arguments(self.key)
 
     @cute.jit
-    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mG: cute.Tensor,
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mGk: cute.Tensor,
                  mBeta: cute.Tensor, mAqk: cute.Tensor, mAkk: cute.Tensor, mW: cute.Tensor,
                  mU: cute.Tensor, mKG: cute.Tensor, mQG: cute.Tensor, mCuSeqlens: cute.Tensor,
                  mChunkOffsets: cute.Tensor, scale: cutlass.Float32, max_ctas: cutlass.Int32,
@@ -177,7 +148,7 @@ class FusedForward:
         layouts = RecomputeLayouts(self.chunk, self.head_k, self.head_v)
         smem_struct, inverse_work, recompute_work = fused_smem_struct(self.chunk, self.head_k, self.head_v)
         self.smem_struct, self.inverse_work, self.recompute_work = smem_struct, inverse_work, recompute_work
-        self.kernel(mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, mChunkOffsets, scale,
+        self.kernel(mQ, mK, mV, mGk, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, mChunkOffsets, scale,
                     tiles[0], make_intra_mma(), make_row_copy(bf16, self.head_k, self.num_threads),
                     make_row_copy(f32, self.head_k, self.num_threads), make_l_load_copy(self.num_threads),
                     make_akk_store_copy(self.num_threads), make_recompute_mma(self.chunk, self.num_threads),

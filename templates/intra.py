@@ -55,13 +55,28 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.runtime import make_fake_stream
 from cutlass.memory import SmemAllocator
 
 from kdajit.keys import ARCHS, VARLEN_MODES, IntraKey
-from kdajit.templates.common import DTYPES, SymbolicShapes, chunk_coords, grid_shape
+from kdajit.templates.common import DTYPES, chunk_coords, fake_arguments, grid_shape, make_struct
 from kdajit.templates.tile_intra import (NUM_WARPS, intra_tile, load_beta, load_rows, make_intra_mma,
-                                         make_row_copy, padded_tile_layout)
+                                         make_row_copy, padded_pitch, padded_tile_layout)
+
+
+def intra_smem_struct(chunk: int, head_k: int):
+    """The intra kernel's shared memory: padded q, k (bf16) and g (fp32) tiles and the beta vector."""
+    S, bf16, f32 = cute.struct, cutlass.BFloat16, cutlass.Float32
+    return make_struct("IntraSmem", [
+        ("q", S.Align[S.MemRange[bf16, chunk * padded_pitch(bf16, head_k)], 128]),
+        ("k", S.Align[S.MemRange[bf16, chunk * padded_pitch(bf16, head_k)], 128]),
+        ("g", S.Align[S.MemRange[f32, chunk * padded_pitch(f32, head_k)], 128]),
+        ("beta", S.Align[S.MemRange[f32, chunk], 16]),
+    ])
+
+
+def smem_bytes(key) -> int:
+    """Shared memory of one CTA of `key`'s kernel (the module docstring states it)."""
+    return intra_smem_struct(key.chunk, key.head_k).__sizeof__()
 
 
 class KdaIntra:
@@ -72,7 +87,6 @@ class KdaIntra:
         self.head_k = key.head_k
         self.chunk = key.chunk
         self.varlen = key.varlen != "dense"
-        self.beta_dtype = DTYPES[key.beta_dtype]
         self.num_threads = 32 * key.config.warps
 
     @staticmethod
@@ -82,25 +96,16 @@ class KdaIntra:
                 and key.arch in ARCHS)
 
     def fake_args(self) -> tuple:
-        shapes = SymbolicShapes()
-        q = shapes.bthd(cutlass.BFloat16, self.head_k)
-        k = shapes.bthd(cutlass.BFloat16, self.head_k)
-        g = shapes.bthd(cutlass.Float32, self.head_k)
-        beta = shapes.bth(self.beta_dtype)
-        aqk = shapes.bthd(cutlass.BFloat16, self.chunk)
-        workspace_l = shapes.bthd(cutlass.Float32, self.chunk)
-        cu_seqlens, chunk_offsets = shapes.seq_vectors(self.key.varlen)
-        return (q, k, g, beta, aqk, workspace_l, cu_seqlens, chunk_offsets, cutlass.Float32(1.0),
-                make_fake_stream(use_tvm_ffi_env_stream=True))
+        return fake_arguments(self.key)
 
     @cute.jit
-    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mG: cute.Tensor, mBeta: cute.Tensor,
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mGk: cute.Tensor, mBeta: cute.Tensor,
                  mAqk: cute.Tensor, mL: cute.Tensor, mCuSeqlens: cute.Tensor, mChunkOffsets: cute.Tensor,
                  scale: cutlass.Float32, stream: cuda.CUstream):
         tiled_mma = make_intra_mma()
         copy_qk = make_row_copy(cutlass.BFloat16, self.head_k, self.num_threads)
         copy_g = make_row_copy(cutlass.Float32, self.head_k, self.num_threads)
-        self.kernel(mQ, mK, mG, mBeta, mAqk, mL, mCuSeqlens, mChunkOffsets, scale, tiled_mma, copy_qk,
+        self.kernel(mQ, mK, mGk, mBeta, mAqk, mL, mCuSeqlens, mChunkOffsets, scale, tiled_mma, copy_qk,
                     copy_g).launch(grid=grid_shape(mQ, mCuSeqlens, self.chunk, self.varlen),
                                    block=(self.num_threads, 1, 1), stream=stream)
 
@@ -116,14 +121,12 @@ class KdaIntra:
         is_valid, batch, row0, valid_rows = chunk_coords(mCuSeqlens, mChunkOffsets, mQ.shape[1],
                                                          self.chunk, self.varlen)
 
-        smem = SmemAllocator()
-        sQ = smem.allocate_tensor(cutlass.BFloat16,
-                                  padded_tile_layout(cutlass.BFloat16, self.chunk, self.head_k), 128)
-        sK = smem.allocate_tensor(cutlass.BFloat16,
-                                  padded_tile_layout(cutlass.BFloat16, self.chunk, self.head_k), 128)
-        sG = smem.allocate_tensor(cutlass.Float32,
-                                  padded_tile_layout(cutlass.Float32, self.chunk, self.head_k), 128)
-        sBeta = smem.allocate_tensor(cutlass.Float32, cute.make_layout(self.chunk), 16)
+        storage = SmemAllocator().allocate(intra_smem_struct(self.chunk, self.head_k))
+        bf16, f32 = cutlass.BFloat16, cutlass.Float32
+        sQ = storage.q.get_tensor(padded_tile_layout(bf16, self.chunk, self.head_k))
+        sK = storage.k.get_tensor(padded_tile_layout(bf16, self.chunk, self.head_k))
+        sG = storage.g.get_tensor(padded_tile_layout(f32, self.chunk, self.head_k))
+        sBeta = storage.beta.get_tensor(cute.make_layout(self.chunk))
 
         if is_valid:
             tile = (self.chunk, self.head_k)

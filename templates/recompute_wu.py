@@ -32,7 +32,8 @@ Code: the per-row arithmetic (`gate_row`), the Akk staging and the W/U products 
 device functions of templates/tile_recompute.py (also used by the fused kernel); this file holds
 the standalone launch and the global-memory loads.
 
-Constraints: K = V = 128, chunk = 64, 4 warps. Shared memory: 40 KB. No atomics, fixed arithmetic
+Constraints: K = V = 128, chunk = 64, 4 warps. Shared memory: 40,960 bytes (Akk 8 KiB, Kp
+and Vp 16 KiB each; the W / U staging tiles reuse Kp / Vp). No atomics, fixed arithmetic
 order: a chunk gives the same bits in dense and varlen mode and in any batch.
 """
 from __future__ import annotations
@@ -40,14 +41,29 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.runtime import make_fake_stream
 from cutlass.memory import SmemAllocator
 
 from kdajit.keys import ARCHS, VARLEN_MODES, RecomputeWUKey
-from kdajit.templates.common import DTYPES, SymbolicShapes, chunk_coords, chunk_rows, grid_shape
+from kdajit.templates.common import DTYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape, make_struct
 from kdajit.templates.tile_recompute import (NUM_WARPS, VEC, RecomputeLayouts, gate_row,
                                              make_recompute_mma, products_w_u, row_fragments,
                                              store_akk)
+
+
+def recompute_smem_struct(chunk: int, head_k: int, head_v: int):
+    """The recompute kernel's shared memory: the swizzled Akk A tile and the Kp, Vp B tiles (bf16),
+    1 KiB aligned for their swizzle."""
+    S, bf16 = cute.struct, cutlass.BFloat16
+    return make_struct("RecomputeSmem", [
+        ("akk", S.Align[S.MemRange[bf16, chunk * chunk], 1024]),
+        ("kp", S.Align[S.MemRange[bf16, head_k * chunk], 1024]),
+        ("vp", S.Align[S.MemRange[bf16, head_v * chunk], 1024]),
+    ])
+
+
+def smem_bytes(key) -> int:
+    """Shared memory of one CTA of `key`'s kernel (the module docstring states it)."""
+    return recompute_smem_struct(key.chunk, key.head_k, key.head_v).__sizeof__()
 
 
 class RecomputeWU:
@@ -60,7 +76,6 @@ class RecomputeWU:
         self.chunk = key.chunk
         self.output_qg = key.output_qg
         self.varlen = key.varlen != "dense"
-        self.beta_dtype = DTYPES[key.beta_dtype]
         self.num_threads = 32 * key.config.warps
 
     @staticmethod
@@ -75,34 +90,15 @@ class RecomputeWU:
                 and isinstance(key.output_qg, bool))
 
     def fake_args(self) -> tuple:
-        shapes = SymbolicShapes()
-        bf16 = cutlass.BFloat16
-        # Without QG, q and qg are never touched: their own sizes let the caller pass small dummies.
-        q_shapes = shapes if self.output_qg else SymbolicShapes()
-        cu_seqlens, chunk_offsets = shapes.seq_vectors(self.key.varlen)
-        return (
-            shapes.bthd(bf16, self.head_k),              # mK
-            shapes.bthd(bf16, self.head_v),              # mV
-            shapes.bth(self.beta_dtype),                 # mBeta
-            shapes.bthd(bf16, self.chunk),               # mAkk
-            shapes.bthd(cutlass.Float32, self.head_k),   # mG
-            q_shapes.bthd(bf16, self.head_k),            # mQ
-            shapes.bthd(bf16, self.head_k),              # mW
-            shapes.bthd(bf16, self.head_v),              # mU
-            shapes.bthd(bf16, self.head_k),              # mKG
-            q_shapes.bthd(bf16, self.head_k),            # mQG
-            cu_seqlens,
-            chunk_offsets,
-            make_fake_stream(use_tvm_ffi_env_stream=True),
-        )
+        return fake_arguments(self.key)
 
     @cute.jit
     def __call__(self, mK: cute.Tensor, mV: cute.Tensor, mBeta: cute.Tensor, mAkk: cute.Tensor,
-                 mG: cute.Tensor, mQ: cute.Tensor, mW: cute.Tensor, mU: cute.Tensor, mKG: cute.Tensor,
+                 mGk: cute.Tensor, mQ: cute.Tensor, mW: cute.Tensor, mU: cute.Tensor, mKG: cute.Tensor,
                  mQG: cute.Tensor, mCuSeqlens: cute.Tensor, mChunkOffsets: cute.Tensor,
                  stream: cuda.CUstream):
         layouts = RecomputeLayouts(self.chunk, self.head_k, self.head_v)
-        self.kernel(mK, mV, mBeta, mAkk, mG, mQ, mW, mU, mKG, mQG, mCuSeqlens, mChunkOffsets,
+        self.kernel(mK, mV, mBeta, mAkk, mGk, mQ, mW, mU, mKG, mQG, mCuSeqlens, mChunkOffsets,
                     make_recompute_mma(self.chunk, self.num_threads), layouts.akk, layouts.kp,
                     layouts.vp, layouts.out_w, layouts.out_u).launch(
             grid=grid_shape(mK, mCuSeqlens, self.chunk, self.varlen),
@@ -121,14 +117,13 @@ class RecomputeWU:
         is_valid, batch, row0, valid_rows = chunk_coords(mCuSeqlens, mChunkOffsets, mK.shape[1],
                                                          self.chunk, self.varlen)
         if is_valid:
-            # Shared memory: Akk (8 KB), Kp and Vp as B operands (16 KB each), reused for staging.
-            smem = SmemAllocator()
-            sA = smem.allocate_tensor(cutlass.BFloat16, sA_layout, 16)
-            sKp = smem.allocate_tensor(cutlass.BFloat16, sKp_layout, 16)
-            sVp = smem.allocate_tensor(cutlass.BFloat16, sVp_layout, 16)
+            storage = SmemAllocator().allocate(recompute_smem_struct(self.chunk, self.head_k, self.head_v))
+            sA = storage.akk.get_tensor(sA_layout)
+            sKp = storage.kp.get_tensor(sKp_layout)
+            sVp = storage.vp.get_tensor(sVp_layout)
             # The output staging tiles reuse the Kp / Vp buffers once every warp has read them.
-            sOutW = cute.make_tensor(sKp.iterator, sOutW_layout)
-            sOutU = cute.make_tensor(sVp.iterator, sOutU_layout)
+            sOutW = storage.kp.get_tensor(sOutW_layout)
+            sOutU = storage.vp.get_tensor(sOutU_layout)
 
             # Inputs are read-only for the kernel's lifetime: invariant (ld.global.nc) loads.
             ld_bf16 = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), cutlass.BFloat16,

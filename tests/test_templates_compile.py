@@ -88,3 +88,35 @@ def test_fused_refuses_configs_that_do_not_fit():
     assert not cls.can_implement(spec.fused_key(FusedConfig(False, loads_ahead=1)))  # no next tile to load
     assert not cls.can_implement(spec.fused_key(FusedConfig(True, 2, "chunk", 2)))  # no room for 2 tiles ahead
     assert not cls.can_implement(dataclasses.replace(spec.fused_key(), arch="sm_80"))
+
+
+def _parameter_word(name: str) -> str:
+    """The template's parameter naming (mQ, mCuSeqlens, scale) reduced to compare with KernelArg names."""
+    if len(name) > 1 and name[0] == "m" and name[1].isupper():
+        name = name[1:]
+    return name.replace("_", "").lower()
+
+
+@pytest.mark.parametrize("template", sorted(keys.KEY_TYPES))
+def test_kernel_parameters_follow_the_key_argument_definition(template):
+    # The API launches by KernelArg name in key.ARGS order; the template's __call__ must take exactly that order.
+    import inspect
+
+    key = next(k for k in REFERENCE if k.TEMPLATE == template)
+    cls = compiler.template_class(key)
+    call = inspect.unwrap(cls.__call__)
+    params = [p for p in inspect.signature(call).parameters if p not in ("self", "stream")]
+    assert [_parameter_word(p) for p in params] == [_parameter_word(a.name) for a in key.ARGS]
+    fakes = cls(key).fake_args()
+    assert len(fakes) == len(key.ARGS) + 1  # + the stream
+
+
+@pytest.mark.parametrize("template", sorted(keys.KEY_TYPES))
+def test_shared_memory_layouts_are_the_documented_bytes(template):
+    # Each template's shared memory is a cute.struct; the byte count its docstring states is that struct's size.
+    import importlib
+
+    key = next(k for k in REFERENCE if k.TEMPLATE == template)
+    compiler._cute()
+    module = importlib.import_module(compiler._TEMPLATES[type(key)][0])
+    assert f"{module.smem_bytes(key):,}" in module.__doc__, (template, module.smem_bytes(key))
