@@ -2,7 +2,7 @@
 # GPU work on the project's lent H200 in one device call, as named stages:
 #   bash benchmarks/h200_session.sh STAGE...        (carry .gpu, and .gpu-cache/cpu.tar.xz if present)
 # Stages: tests (demo + the whole GPU suite), fused (fused-kernel GPU tests), bench (bench_forward, every
-# row and fused configuration, with --plot), phases (fused_phases, objects from the tarball), host (bench_host), fla (FLA-backend GPU tests and bench),
+# row, with --plot), benchmain (the two main rows, every fused configuration), phases (fused_phases, objects from the tarball), host (bench_host), fla (FLA-backend GPU tests and bench),
 # stress (determinism replays), sanitizer (compute-sanitizer, docs/reliability.md).
 # Each stage has its own time limit; logs and JSON go to $OUT (or ./out). The bundle (.gpu) supplies
 # CuTe DSL, TVM-FFI and FLA. A cache cross-compiled on a CPU machine
@@ -38,7 +38,9 @@ for what in "$@"; do
     fused)
       stage fused 240 python3 -m pytest -q -m gpu -rfE --durations=8 tests/test_gpu_fused.py ;;
     bench)
-      stage bench 330 python3 benchmarks/bench_forward.py --configs --json "$out/bench.json" --plot "$out/bench.png" ;;
+      stage bench 330 python3 benchmarks/bench_forward.py --json "$out/bench.json" --plot "$out/bench.png" ;;
+    benchmain)
+      stage benchmain 200 python3 benchmarks/bench_forward.py --rows main --configs --json "$out/benchmain.json" ;;
     phases)
       stage phases 240 python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases --json "$out/phases.json" ;;
     host)
