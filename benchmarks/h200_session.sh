@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # GPU work on the project's lent H200 in one device call, as named stages:
 #   bash benchmarks/h200_session.sh STAGE...        (carry .gpu, and .gpu-cache/cpu.tar.xz if present)
-# Stages: tests (demo + the whole GPU suite), fused (fused-kernel GPU tests), bench (bench_forward, every
-# row, with --plot), benchmain (the two main rows, every fused configuration), phases (fused_phases, objects from the tarball), host (bench_host), fla (FLA-backend GPU tests and bench),
-# stress (determinism replays), sanitizer (compute-sanitizer, docs/reliability.md).
+# Stages: tests (demo + the whole GPU suite), suite (demo + the GPU suite but the fused and FLA-backend
+# files, which have their own stages), fused (fused-kernel GPU tests), bench (bench_forward, every row,
+# with --plot), benchmain (the two main rows, every fused configuration), phases (fused_phases, objects
+# from the tarball), host (bench_host), fla (FLA-backend GPU tests and bench), stress (determinism
+# replays), sanitizer (compute-sanitizer, docs/reliability.md).
 # Each stage has its own time limit; logs and JSON go to $OUT (or ./out). The bundle (.gpu) supplies
 # CuTe DSL, TVM-FFI and FLA. A cache cross-compiled on a CPU machine
 # (kdajit precompile --cache-dir DIR --arch sm_90a, then tar -C DIR/.. -cJf .gpu-cache/cpu.tar.xz cpu)
@@ -35,12 +37,16 @@ for what in "$@"; do
     tests)
       stage demo 120 python3 -m kdajit demo
       stage gpu_tests 420 python3 -m pytest -q -m gpu -rfE --durations=15 tests ;;
+    suite)
+      stage demo 120 python3 -m kdajit demo
+      stage suite 330 python3 -m pytest -q -m gpu -rfE --durations=15 tests --ignore=tests/test_gpu_fused.py \
+        --ignore=tests/test_gpu_fla_backend.py ;;
     fused)
-      stage fused 240 python3 -m pytest -q -m gpu -rfE --durations=8 tests/test_gpu_fused.py ;;
+      stage fused 150 python3 -m pytest -q -m gpu -rfE --durations=8 tests/test_gpu_fused.py ;;
     bench)
       stage bench 330 python3 benchmarks/bench_forward.py --json "$out/bench.json" --plot "$out/bench.png" ;;
     benchmain)
-      stage benchmain 200 python3 benchmarks/bench_forward.py --rows main --configs --json "$out/benchmain.json" ;;
+      stage benchmain 100 python3 benchmarks/bench_forward.py --rows main --configs --json "$out/benchmain.json" ;;
     phases)
       stage phases 240 python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases --json "$out/phases.json" ;;
     host)
