@@ -172,14 +172,9 @@ class AkkInverseKey(_KernelKey):
 
 
 @dataclass(frozen=True)
-class RecomputeWUKey(_KernelKey):
-    """W, U, KG (and QG when `output_qg`) from Akk."""
+class _SpecKey(_KernelKey):
+    """The fields of a kernel that depends on every part of the specialization (recompute, fused)."""
 
-    TEMPLATE: ClassVar[str] = "recompute_wu"
-    ARGS: ClassVar[tuple[KernelArg, ...]] = _args(
-        "k:bthd:bf16:head_k", "v:bthd:bf16:head_v", "beta:bth:beta", "Akk:bthd:bf16:chunk", "gk:bthd:fp32:head_k",
-        "q:bthd:bf16:head_k:qg_only", "w:bthd:bf16:head_k", "u:bthd:bf16:head_v", "kg:bthd:bf16:head_k",
-        "qg:bthd:bf16:head_k:qg_only", *_SEQ)
     beta_dtype: str
     varlen: str
     head_k: int
@@ -187,11 +182,22 @@ class RecomputeWUKey(_KernelKey):
     chunk: int
     output_qg: bool
     arch: str
+
+
+@dataclass(frozen=True)
+class RecomputeWUKey(_SpecKey):
+    """W, U, KG (and QG when `output_qg`) from Akk."""
+
+    TEMPLATE: ClassVar[str] = "recompute_wu"
+    ARGS: ClassVar[tuple[KernelArg, ...]] = _args(
+        "k:bthd:bf16:head_k", "v:bthd:bf16:head_v", "beta:bth:beta", "Akk:bthd:bf16:chunk", "gk:bthd:fp32:head_k",
+        "q:bthd:bf16:head_k:qg_only", "w:bthd:bf16:head_k", "u:bthd:bf16:head_v", "kg:bthd:bf16:head_k",
+        "qg:bthd:bf16:head_k:qg_only", *_SEQ)
     config: KernelConfig = KernelConfig()
 
 
 @dataclass(frozen=True)
-class FusedForwardKey(_KernelKey):
+class FusedForwardKey(_SpecKey):
     """The whole forward intra stage (Aqk, Akk, W, U, KG, QG when `output_qg`) in one kernel."""
 
     TEMPLATE: ClassVar[str] = "fused_forward"
@@ -200,13 +206,6 @@ class FusedForwardKey(_KernelKey):
         "Aqk:bthd:bf16:chunk", "Akk:bthd:bf16:chunk", "w:bthd:bf16:head_k", "u:bthd:bf16:head_v",
         "kg:bthd:bf16:head_k", "qg:bthd:bf16:head_k:qg_only", *_SEQ, "scale:scalar:fp32", "max_ctas:scalar:int32")
     CONFIG: ClassVar[type] = FusedConfig
-    beta_dtype: str
-    varlen: str
-    head_k: int
-    head_v: int
-    chunk: int
-    output_qg: bool
-    arch: str
     config: FusedConfig = FusedConfig()
 
 
