@@ -40,13 +40,13 @@ for what in "$@"; do
     suite)
       stage demo 120 python3 -m kdajit demo
       stage suite 330 python3 -m pytest -q -m gpu -rfE --durations=15 tests --ignore=tests/test_gpu_fused.py \
-        --ignore=tests/test_gpu_fla_backend.py ;;
+        --ignore=tests/test_gpu_fla_backend.py ${SUITE_K:+-k "$SUITE_K"} ;;
     fused)
       stage fused 150 python3 -m pytest -q -m gpu -rfE --durations=8 tests/test_gpu_fused.py ;;
     bench)
       stage bench 330 python3 benchmarks/bench_forward.py --json "$out/bench.json" --plot "$out/bench.png" ;;
     benchmain)
-      stage benchmain 100 python3 benchmarks/bench_forward.py --rows main --configs --json "$out/benchmain.json" ;;
+      stage benchmain 150 python3 benchmarks/bench_forward.py --rows main --configs --json "$out/benchmain.json" ;;
     phases)
       stage phases 240 python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases --json "$out/phases.json" ;;
     host)

@@ -7,9 +7,9 @@ operands live changes: L and Akk never leave the CTA, and k, g are read from HBM
 
 Per tile (4 warps, 128 threads; all warps take part in every phase):
 1. loads (`load_tile`): q, k (bf16), g (fp32) rows < v by 16-byte cp.async into padded shared
-   tiles; beta as fp32 into a register, then a 64-entry shared vector (0 for rows >= v); v rows by
-   16-byte `ld.global.nc` straight into registers (clamped to row v - 1, as the standalone
-   recompute does), in flight during phases 2-3.
+   tiles; beta into a register, converted to fp32 into a 64-entry shared vector (0 for rows >= v)
+   once the tile's loads have landed; v rows by 16-byte `ld.global.nc` straight into registers
+   (clamped to row v - 1, as the standalone recompute does), in flight during phases 2-3.
 2. intra (`intra_tile`): Aqk blocks -> global, L blocks -> shared fp32 (rows >= v set to +0: the
    shared state the standalone inverse builds from the workspace).
 3. inverse (`invert_tile`): Akk in shared bf16; rows < v -> global with 16-byte stores (the same
@@ -49,7 +49,7 @@ from cutlass.memory import SmemAllocator
 
 from kdajit.keys import FUSED_ARCHS, LOADS_AHEAD, RASTER_ORDERS, VARLEN_MODES, FusedForwardKey
 from kdajit.templates.common import DTYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape, make_struct
-from kdajit.templates.tile_intra import (fetch_beta, intra_tile, load_rows, make_intra_mma, make_row_copy,
+from kdajit.templates.tile_intra import (beta_row, intra_tile, load_rows, make_intra_mma, make_row_copy,
                                          padded_pitch, padded_tile_layout)
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_layout, make_akk_store_copy,
                                            make_l_load_copy, store_akk_rows, x00_layout, zero_rows_from)
@@ -190,7 +190,7 @@ class FusedForward:
         tensors = (mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, mChunkOffsets)
         # Registers of the tile whose loads are in flight: its v rows and this thread's beta.
         rV = row_fragments(self.chunk // (self.num_threads // (self.head_v // VEC)), bf16)
-        rBeta = cute.make_rmem_tensor((1,), f32)
+        rBeta = cute.make_rmem_tensor((1,), mBeta.element_type)
         if cutlass.const_expr(self.config.persistent):
             bidx, _, _ = cute.arch.block_idx()
             gdim, _, _ = cute.arch.grid_dim()
@@ -248,8 +248,8 @@ class FusedForward:
                   batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32, rows: cutlass.Int32,
                   rV: cute.Tensor, rBeta: cute.Tensor, parts: cutlass.Constexpr):
         """Issue a tile's loads without waiting: q, k, g rows < rows by cp.async into shared memory
-        (one commit group), v rows into rV, this thread's beta into rBeta. `parts`: "all", "q" (only
-        q) or "rest" (all but q)."""
+        (one commit group), v rows into rV, this thread's beta (unconverted) into rBeta. `parts`:
+        "all", "q" (only q) or "rest" (all but q)."""
         mQ, mK, mV, mG, mBeta = tensors[:5]
         sQ, sK, sG = smem[:3]
         copy_qk, copy_g = ops[1], ops[2]
@@ -264,8 +264,9 @@ class FusedForward:
         cute.arch.cp_async_commit_group()
         if cutlass.const_expr(loads and parts != "q"):
             self.load_v_rows(mV, batch, head, row0, rows, tidx, rV)
-            if tidx < self.chunk:
-                rBeta[0] = fetch_beta(mBeta, batch, row0, head, tidx, rows)
+            # The raw value only: converting it here would wait for the load, and the barrier after
+            # the gate rows would make every warp wait with it.
+            rBeta[0] = mBeta[batch, row0 + min(tidx % self.chunk, rows - 1), head]
 
     @cute.jit
     def compute_tile(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, ops: cutlass.Constexpr,
@@ -287,7 +288,7 @@ class FusedForward:
         q_early = cutlass.const_expr(ahead and not self.output_qg)
         cute.arch.cp_async_wait_group(0)
         if tidx < C:
-            sBeta[tidx] = rBeta[0]
+            sBeta[tidx] = beta_row(rBeta[0], tidx, valid_rows)
         cute.arch.sync_threads()
 
         # 2. Intra: Aqk -> global, L -> smem; L rows >= valid_rows := +0.

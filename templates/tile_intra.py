@@ -78,16 +78,16 @@ def load_beta(mBeta: cute.Tensor, sBeta: cute.Tensor, batch: cutlass.Int32, row0
               chunk: cutlass.Constexpr):
     """beta of the chunk -> sBeta as fp32 (exact), 0 for rows >= valid_rows; threads < chunk."""
     if tidx < chunk:
-        sBeta[tidx] = fetch_beta(mBeta, batch, row0, head, tidx, valid_rows)
+        sBeta[tidx] = beta_row(mBeta[batch, row0 + min(tidx, valid_rows - 1), head], tidx, valid_rows)
 
 
 @cute.jit
-def fetch_beta(mBeta: cute.Tensor, batch: cutlass.Int32, row0: cutlass.Int32, head: cutlass.Int32,
-               row: cutlass.Int32, valid_rows: cutlass.Int32) -> cutlass.Float32:
-    """beta of one chunk row as fp32 (exact), 0 for rows >= valid_rows."""
+def beta_row(value, row: cutlass.Int32, valid_rows: cutlass.Int32) -> cutlass.Float32:
+    """A chunk row's beta (bf16 or fp32, read from a row clamped into the chunk) as fp32 (exact), 0
+    for rows >= valid_rows. Separate from the load so that a kernel can convert long after issuing it."""
     beta = cutlass.Float32(0.0)
     if row < valid_rows:
-        beta = cutlass.Float32(mBeta[batch, row0 + row, head])
+        beta = cutlass.Float32(value)
     return beta
 
 
