@@ -22,6 +22,7 @@ import torch
 
 from kdajit import api, reference
 from kdajit.keys import FUSED_CONFIG_SPACE, FusedConfig
+from kdajit.outputs import BETA_TORCH_DTYPES
 
 HBM_TBPS = 4.18  # measured copy bandwidth of the H200 (read + write bytes / time)
 ROWS = {  # name: (B, T, H, beta, number of packed sequences or 0 for dense)
@@ -67,7 +68,7 @@ def kernel_breakdown(fn) -> list[tuple[str, float]]:
 
 
 def make_row_inputs(B, T, H, beta, sequences):
-    beta_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[beta]
+    beta_dtype = BETA_TORCH_DTYPES[beta]
     cu = None
     if sequences:
         g = torch.Generator().manual_seed(0)

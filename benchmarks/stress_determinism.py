@@ -24,9 +24,10 @@ import torch
 
 import kdajit
 from kdajit import reference
+from kdajit.outputs import BETA_TORCH_DTYPES
 
 FIELDS = ("Aqk", "Akk", "w", "u", "kg", "qg")
-BETA = {"bf16": torch.bfloat16, "fp32": torch.float32}
+BETA = BETA_TORCH_DTYPES
 
 
 def parse_args(argv=None) -> argparse.Namespace:
