@@ -1,6 +1,6 @@
 """Time kdajit.forward (fused and standalone routes) against FLA's chunk_kda_fwd_intra in the same process.
 
-    python benchmarks/bench_forward.py [--rows all|main] [--configs] [--json out.json] [--plot out.png]
+    python benchmarks/bench_forward.py [--rows all|main|ROW,ROW...] [--configs] [--json out.json] [--plot out.png]
 
 Rows (K = V = 128, chunk 64, output_qg=False, FLA with safe_gate=True): B=2 T=8192 H=64 with bf16 and
 fp32 beta; 32 packed sequences of lengths uniform in 1..4096 (seed 0), H=64; B=1 T=8192 H=32;
@@ -148,16 +148,21 @@ def plot(results: list[dict], path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", choices=("all", "main"), default="all", help="main: the two B=2 T=8192 H=64 rows")
+    parser.add_argument("--rows", default="all",
+                        help=f"all, main (the two B=2 T=8192 H=64 rows) or comma-separated names of {list(ROWS)}")
     parser.add_argument("--configs", action="store_true", help="also time every fused configuration")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--plot", help="draw time against tokens x heads to this PNG (needs matplotlib)")
     args = parser.parse_args(argv)
+    names = {"all": list(ROWS), "main": list(MAIN_ROWS)}.get(args.rows) or args.rows.split(",")
+    unknown = [n for n in names if n not in ROWS]
+    if unknown:
+        parser.error(f"--rows: unknown rows {unknown}; expected all, main or names of {list(ROWS)}")
     if not torch.cuda.is_available():
         print("bench_forward needs a CUDA GPU")
         return 1
     results = []
-    for name in (ROWS if args.rows == "all" else MAIN_ROWS):
+    for name in names:
         r = run_row(name, args.configs)
         results.append(r)
         print(f"{name}: fused {r['fused_ms']:.3f} ms, standalone {r['standalone_ms']:.3f} ms, FLA "
