@@ -7,9 +7,9 @@
 # from the tarball), host (bench_host), fla (FLA-backend GPU tests and bench), stress (determinism
 # replays), sanitizer (compute-sanitizer, docs/reliability.md).
 # Each stage has its own time limit; logs and JSON go to $OUT (or ./out). The bundle (.gpu) supplies
-# CuTe DSL, TVM-FFI and FLA. A cache cross-compiled on a CPU machine
-# (kdajit precompile --cache-dir DIR --arch sm_90a, then tar -C DIR/.. -cJf .gpu-cache/cpu.tar.xz cpu)
-# saves the compiles; its toolchain must match this checkout's templates.
+# CuTe DSL, TVM-FFI and FLA. `bash benchmarks/h200_precompile.sh` cross-compiles on the CPU machine every
+# kernel the stages need into .gpu-cache/cpu.tar.xz, which saves the compiles here; its toolchain must
+# match this checkout's templates.
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 source .gpu/activate.sh

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Cross-compile (CPU, no GPU needed) every kernel a benchmarks/h200_session.sh call needs, and pack them as
+# .gpu-cache/cpu.tar.xz (carry it with the call): every reference kernel for sm_90a, the fused configuration
+# space for the benchmark and fused-test specializations, and the fused_phases variants.
+#   bash benchmarks/h200_precompile.sh          (~7 min on 2 cores; the tarball is stale once templates change)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=.gpu-cache/cpu
+rm -rf .gpu-cache
+configs=()
+for ahead in 0 1; do for ctas in 1 2; do for raster in chunk head; do
+  configs+=(--config "persistent=true;ctas_per_sm=$ctas;raster=$raster;loads_ahead=$ahead"); done; done; done
+precompile() { python -m kdajit precompile --cache-dir "$root" --arch sm_90a --no-progress "$@" | tail -1; }
+python benchmarks/fused_phases.py --export .gpu-cache/phases
+precompile                                                                            # every reference kernel
+precompile --only fused_forward --beta bf16,fp32 --varlen dense --qg off "${configs[@]}"  # bench_forward rows
+precompile --only fused_forward --beta fp32 --varlen dense --qg on "${configs[@]}"        # tests/test_gpu_fused.py
+precompile --only fused_forward --beta bf16 --varlen cu64 --qg off "${configs[@]}"
+precompile --only fused_forward --beta bf16 --varlen cu32 --qg on \
+  --config "persistent=true;ctas_per_sm=2;raster=head;loads_ahead=0"
+tar -C .gpu-cache -cJf .gpu-cache/cpu.tar.xz cpu phases
+ls -la .gpu-cache/cpu.tar.xz
