@@ -88,11 +88,15 @@ def run_row(name: str, with_configs: bool) -> dict:
         return lambda: api._forward(*args, fused_config=config)
 
     def standalone():
+        before = os.environ.get("KDAJIT_FORWARD_ROUTE")
         os.environ["KDAJIT_FORWARD_ROUTE"] = "standalone"
         try:
             return api._forward(*args)
         finally:
-            del os.environ["KDAJIT_FORWARD_ROUTE"]
+            if before is None:
+                del os.environ["KDAJIT_FORWARD_ROUTE"]
+            else:
+                os.environ["KDAJIT_FORWARD_ROUTE"] = before
 
     r = {"row": name, "B": B, "T": T, "H": H, "tokens": tokens, "sequences": sequences, "beta": beta,
          "gpu": torch.cuda.get_device_name()}

@@ -55,7 +55,7 @@ def time_variants(objects: str | None) -> list[dict]:
     import triton.testing
 
     from kdajit import api, compiler, reference
-    from kdajit.keys import FusedForwardKey
+    from kdajit.keys import FusedConfig, FusedForwardKey
 
     B, T, H = 2, 8192, 64
     x = reference.make_inputs(B, T, H, beta_dtype=torch.bfloat16, device="cuda")
@@ -66,16 +66,18 @@ def time_variants(objects: str | None) -> list[dict]:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     results = []
     for config_name, fields in CONFIGS.items():
-        max_ctas = sms * 2 if fields.get("persistent") else 1
+        config = FusedConfig(**fields)
+        max_ctas = sms * config.ctas_per_sm if config.persistent else 1
         for name, phases in VARIANTS.items():
             if objects:
                 fn = compiler.load_object(os.path.join(objects, f"{config_name}.{name}.o"))
             else:
                 key, kernel = variant_kernel(config_name, phases)
                 fn = compiler.callable_of(compiler.compile_template(kernel, key.arch))
-            call = lambda: api._launch(fn, FusedForwardKey, **{n: x[n] for n in ("q", "k", "v", "gk", "beta")}, Aqk=outs[0], Akk=outs[1], w=outs[2], u=outs[3],
-                                       kg=outs[4], qg=qg, cu_seqlens=dummy, chunk_offsets=dummy, scale=128 ** -0.5,
-                                       max_ctas=max_ctas)
+            inputs = {n: x[n] for n in ("q", "k", "v", "gk", "beta")}
+            call = lambda: api._launch(fn, FusedForwardKey, **inputs, Aqk=outs[0], Akk=outs[1], w=outs[2],
+                                       u=outs[3], kg=outs[4], qg=qg, cu_seqlens=dummy, chunk_offsets=dummy,
+                                       scale=128 ** -0.5, max_ctas=max_ctas)
             ms = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
             results.append({"config": config_name, "variant": name, "phases": list(phases), "ms": ms})
             print(f"| {config_name} | {name} | {ms:.3f} |", flush=True)

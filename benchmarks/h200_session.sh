@@ -46,7 +46,8 @@ for what in "$@"; do
     bench)
       stage bench 330 python3 benchmarks/bench_forward.py --json "$out/bench.json" --plot "$out/bench.png" ;;
     benchmain)
-      stage benchmain 150 python3 benchmarks/bench_forward.py --rows "${BENCH_ROWS:-main}" --configs --json "$out/benchmain.json" ;;
+      stage benchmain 150 python3 benchmarks/bench_forward.py --rows "${BENCH_ROWS:-main}" --configs \
+        --json "$out/benchmain.json" ;;
     phases)
       stage phases 240 python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases --json "$out/phases.json" ;;
     host)

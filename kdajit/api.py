@@ -11,7 +11,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from kdajit import cache, compiler, env, ops, validate
-from kdajit.keys import AkkInverseKey, ForwardSpec, FusedConfig, FusedForwardKey, IntraKey, RecomputeWUKey
+from kdajit.keys import KEY_TYPES, AkkInverseKey, ForwardSpec, FusedConfig, FusedForwardKey, IntraKey, RecomputeWUKey
 from kdajit.outputs import ForwardOutput
 
 
@@ -41,7 +41,12 @@ def _kernels(problem, chunk: int, output_qg: bool, device_index: int, *, intra: 
     `fused_config`, default the reference) when both stages run on an arch that has one and
     KDAJIT_FORWARD_ROUTE allows it, else intra + inverse and/or recompute."""
     spec = _spec(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk, output_qg, device_index)
-    if intra and recompute and spec.uses_fused and env.forward_route() == "auto":
+    fused_route = intra and recompute and spec.uses_fused and env.forward_route() == "auto"
+    if fused_config is not None and not fused_route:
+        raise ValueError(f"fused_config={fused_config} was given, but this call runs the standalone kernels "
+                         f"(arch {spec.arch}, KDAJIT_FORWARD_ROUTE={env.forward_route()}); expected a call of the "
+                         f"fused route")
+    if fused_route:
         key = spec.fused_key(fused_config or FusedConfig())
         fused, = cache.get_kernels((key,))
         max_ctas = _sm_count(device_index) * key.config.ctas_per_sm if key.config.persistent else 1
@@ -106,8 +111,7 @@ def _recompute_outputs(out: ForwardOutput | None, k: torch.Tensor, v: torch.Tens
 
 
 # Each kernel's argument names in launch order (kdajit.keys: the same definition its template compiles with).
-_ARG_NAMES = {key_type: tuple(arg.name for arg in key_type.ARGS)
-              for key_type in (IntraKey, AkkInverseKey, RecomputeWUKey, FusedForwardKey)}
+_ARG_NAMES = {key_type: tuple(arg.name for arg in key_type.ARGS) for key_type in KEY_TYPES.values()}
 
 
 def _launch(kernel: Callable, key_type: type, **args) -> None:

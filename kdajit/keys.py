@@ -2,8 +2,8 @@
 
 `ForwardSpec` is what a user call selects (beta dtype, varlen mode, head dims, chunk size, QG on
 request, SM arch). Each kernel template has its own key class holding exactly the fields its
-generated code depends on, plus the tunable `KernelConfig`. Runtime shapes (B, T, H, N) are never
-in a key: the kernels take them as symbolic sizes.
+generated code depends on, plus its tunable config (`KernelConfig`; `FusedConfig` for the fused
+kernel). Runtime shapes (B, T, H, N) are never in a key: the kernels take them as symbolic sizes.
 
 This module is a leaf: it imports nothing from kdajit, so templates, the cache and the API can all
 use it.
@@ -107,7 +107,8 @@ def _args(*specs: str) -> tuple[KernelArg, ...]:
     out = []
     for spec in specs:
         name, kind, dtype, *rest = spec.split(":")
-        out.append(KernelArg(name, kind, dtype, rest[0] if rest else "", "qg_only" in rest[1:]))
+        last = [word for word in rest if word != "qg_only"]
+        out.append(KernelArg(name, kind, dtype, last[0] if last else "", "qg_only" in rest))
     return tuple(out)
 
 
@@ -213,6 +214,8 @@ KEY_TYPES = {k.TEMPLATE: k for k in (IntraKey, AkkInverseKey, RecomputeWUKey, Fu
 # Base-address alignment of every tensor argument of every kernel, by the API's name.
 ARG_ALIGNMENT = {arg.name: ALIGN_BY_KIND[arg.kind] for key_type in KEY_TYPES.values() for arg in key_type.ARGS
                  if arg.kind in ALIGN_BY_KIND}
+assert all(ALIGN_BY_KIND[arg.kind] == ARG_ALIGNMENT[arg.name] for key_type in KEY_TYPES.values()
+           for arg in key_type.ARGS if arg.kind in ALIGN_BY_KIND), "one argument name with two kinds"
 # Archs on which `kdajit.forward` runs the fused kernel (elsewhere: intra + inverse + recompute).
 FUSED_ARCHS = ("sm_90a",)
 

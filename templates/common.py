@@ -1,14 +1,15 @@
-"""Device helpers shared by every kdajit template: chunk scheduling and fake-tensor signatures.
+"""Device helpers shared by every kdajit template: chunk scheduling, fake arguments, shared-memory structs.
 
-Every kernel processes one (chunk, head) tile per CTA. The grid and the tile -> rows mapping are
-the same for all templates, so a chunk is always the same rows whichever kernel handles it:
+Kernels work on (chunk, head) tiles, one per CTA (the fused kernel's persistent configs walk the same
+tiles, several per CTA). The tile grid and the tile -> rows mapping are the same for all templates,
+so a chunk is always the same rows whichever kernel handles it:
 
 - dense (equal-length batch): grid = (ceil(T / C), H, B); tile (c, h, b) covers rows
   [C*c, min(C*c + C, T)) of batch b.
 - varlen (B == 1, packed with cu_seqlens): grid = (T // C + N, H, 1), an upper bound of the total
   chunk count sum(ceil(len_s / C)). `chunk_offsets[s]` (int32, N+1 entries, computed on the device
-  by the host wrapper) is the number of chunks before sequence s. CTA x finds its sequence by binary
-  search; CTAs with x >= chunk_offsets[N] do nothing. No host synchronisation is needed.
+  by the host wrapper) is the number of chunks before sequence s. Tile x finds its sequence by binary
+  search; tiles with x >= chunk_offsets[N] do nothing. No host synchronisation is needed.
 """
 from __future__ import annotations
 

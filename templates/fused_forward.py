@@ -5,7 +5,7 @@ output element is computed by the same device functions (templates/tile_intra.py
 tile_recompute.py) from the same operand values, in the order docs/numerics.md fixes. Only where the
 operands live changes: L and Akk never leave the CTA, and k, g are read from HBM once.
 
-Per tile (4 warps, 128 threads; all warps take part in every phase):
+Per tile (4 warps, 128 threads; the phases run one after another, separated by CTA barriers):
 1. loads (`load_tile`): q, k (bf16), g (fp32) rows < v by 16-byte cp.async into padded shared
    tiles; beta into a register, converted to fp32 into a 64-entry shared vector (0 for rows >= v)
    once the tile's loads have landed; v rows by 16-byte `ld.global.nc` straight into registers
@@ -30,8 +30,9 @@ Scheduling (`FusedConfig`): one tile per CTA on the standalone grid (templates/c
 persistent CTAs walking tile indices with a static stride (tile = blockIdx.x, += gridDim.x), each
 index mapped to (chunk, head, batch) in the configured raster order and then to rows by the same
 `chunk_coords` as the standalone kernels (dense and varlen; the varlen chunk map stays on the
-device). With loads_ahead=0 a CTA loads a tile, then computes it; the next tile's loads wait for
-the barrier that ends the previous tile. With loads_ahead=1 the next tile's loads are issued into
+device). With loads_ahead=0 each warp issues the next tile's loads once it has issued its own W/U
+stores of the current tile (the q, k, g buffers were last read before the barrier that follows the
+gate rows), then waits for them. With loads_ahead=1 the next tile's loads are issued into
 buffers as soon as the current tile has finished reading them: q right after the intra phase (when
 QG is off; with QG, gate_row still reads q), k, g, v (registers) and beta (a register, written to
 shared memory once the tile's loads have landed) right after the gate rows, so they stream in

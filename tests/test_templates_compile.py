@@ -5,9 +5,10 @@ and checks the object: an ELF file whose embedded cubins are all for the key's a
 into a callable through its exported symbol. A template that stops compiling, that ignores the
 key's arch, or that stops accepting a key it is meant to implement fails here before it reaches a GPU.
 
-The sweep is every ForwardSpec of kdajit.keys' value lists on every arch. By default only its fast
-tier runs (each template's reference key plus a sample covering every field value; tests/tiers.py);
-`python -m pytest -q --full` compiles all of it.
+The sweep is every ForwardSpec of kdajit.keys' value lists on every arch, plus the fused kernel in every
+configuration of `kdajit.keys.FUSED_CONFIG_SPACE`. By default only its fast tier runs (each template's
+reference key plus a sample covering every field value, config fields included; tests/tiers.py);
+`python -m pytest -q --full` compiles all of it (run it before submitting kernel changes).
 """
 import dataclasses
 import itertools
@@ -22,7 +23,10 @@ from kdajit.keys import ForwardSpec, FusedConfig, KernelConfig
 
 SPECS = [ForwardSpec(*values) for values in itertools.product(
     keys.BETA_DTYPES, keys.VARLEN_MODES, keys.HEAD_DIMS, keys.HEAD_DIMS, keys.CHUNK_SIZES, (False, True), keys.ARCHS)]
-KEYS = sorted({key for spec in SPECS for key in spec.kernel_keys()}, key=lambda k: (k.arch != "sm_90a", k.canonical()))
+# Every kernel `forward`/`intra`/`recompute_w_u` run, plus the fused kernel in every configuration of its space.
+KEYS = sorted({key for spec in SPECS for key in spec.kernel_keys()}
+              | {spec.fused_key(c) for spec in SPECS if spec.uses_fused for c in keys.FUSED_CONFIG_SPACE},
+              key=lambda k: (k.arch != "sm_90a", k.canonical()))
 # Each template's reference configuration: the reference spec (the demo's) on the reference arch.
 REFERENCE = ForwardSpec("bf16", "cu32", 128, 128, 64, True, "sm_90a").kernel_keys()
 
@@ -52,11 +56,22 @@ def test_sweep_covers_every_template_and_arch():
     # The fast tier compiles every value of every field of every template at least once.
     fast = tiers.fast_tier(KEYS, REFERENCE)
     assert set(REFERENCE) <= set(fast) and len(fast) < len(KEYS)
-    for template in keys.KEY_TYPES:
-        ours = [k for k in KEYS if k.TEMPLATE == template]
-        for field in dataclasses.fields(ours[0]):
-            values = {getattr(k, field.name) for k in ours}
-            assert values == {getattr(k, field.name) for k in fast if k.TEMPLATE == template}, (template, field)
+    leaves = lambda ks: set().union(*(tiers.field_values(k) for k in ks))  # (template, field, value)
+    assert leaves(fast) == leaves(KEYS)
+    assert {k.config for k in KEYS if k.TEMPLATE == "fused_forward"} == set(keys.FUSED_CONFIG_SPACE)
+
+
+@pytest.mark.parametrize("key", tiers.tiered(KEYS, REFERENCE,
+                                             ids=lambda k: f"{k.arch}-{k.spec_slug()}-{k.config.slug()}"))
+def test_template_compiles(key, tmp_path):
+    path = os.fspath(tmp_path / "kernel.o")
+    compiler.export_object(compiler.compile_key(key), path)
+    with open(path, "rb") as f:
+        obj = f.read()
+    assert obj[:4] == b"\x7fELF" and len(obj) > 10_000, f"{len(obj)} bytes"
+    archs = cubin_archs(obj)
+    assert archs and set(archs) == {key.arch}, f"cubins for {archs}, key arch {key.arch}"
+    assert callable(compiler.load_object(path))
 
 
 # A configuration each template's can_implement must refuse (3 fused CTAs of ~115 KB overflow 228 KB).
@@ -74,19 +89,12 @@ def test_templates_refuse_configs_they_do_not_implement(template):
         compiler.compile_key(bad)
 
 
-@pytest.mark.parametrize("config", keys.FUSED_CONFIG_SPACE[1:], ids=lambda c: c.slug())
-def test_fused_persistent_configs_compile(config):
-    key = ForwardSpec("fp32", "cu32", 128, 128, 64, True, "sm_90a").fused_key(config)
-    assert compiler.template_class(key).can_implement(key)
-    assert callable(compiler.callable_of(compiler.compile_key(key)))
-
-
 def test_fused_refuses_configs_that_do_not_fit():
     spec = ForwardSpec("bf16", "cu32", 128, 128, 64, False, "sm_90a")
     cls = compiler.template_class(spec.fused_key())
     assert not cls.can_implement(spec.fused_key(FusedConfig(False, 1, "chunk")))  # not persistent: defaults
     assert not cls.can_implement(spec.fused_key(FusedConfig(False, loads_ahead=1)))  # no next tile to load
-    assert not cls.can_implement(spec.fused_key(FusedConfig(True, 2, "chunk", 2)))  # no room for 2 tiles ahead
+    assert not cls.can_implement(spec.fused_key(FusedConfig(True, 2, "chunk", 2)))  # loads_ahead is 0 or 1
     assert not cls.can_implement(dataclasses.replace(spec.fused_key(), arch="sm_80"))
 
 
@@ -119,4 +127,5 @@ def test_shared_memory_layouts_are_the_documented_bytes(template):
     key = next(k for k in REFERENCE if k.TEMPLATE == template)
     compiler._cute()
     module = importlib.import_module(compiler._TEMPLATES[type(key)][0])
-    assert f"{module.smem_bytes(key):,}" in module.__doc__, (template, module.smem_bytes(key))
+    assert f"{module.smem_bytes(key):,} B" in module.__doc__ or f"{module.smem_bytes(key):,} bytes" in module.__doc__, (
+        template, module.smem_bytes(key))

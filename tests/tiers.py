@@ -15,7 +15,7 @@ from typing import Iterable, Sequence
 import pytest
 
 
-def _field_values(key) -> set[tuple]:
+def field_values(key) -> set[tuple]:
     """(template, field path, value) for every leaf of the key's JSON form (config fields included)."""
     out = set()
 
@@ -38,16 +38,16 @@ def fast_tier(keys: Sequence, reference: Iterable) -> list:
     their product.
     """
     chosen = [k for k in dict.fromkeys(reference) if k in keys]
-    covered = set().union(*(_field_values(k) for k in chosen))
+    covered = set().union(*(field_values(k) for k in chosen))
     remaining = [k for k in dict.fromkeys(keys) if k not in chosen]
     while remaining:
-        gains = [len(_field_values(k) - covered) for k in remaining]
+        gains = [len(field_values(k) - covered) for k in remaining]
         best = max(gains)
         if best == 0:
             break
         key = remaining.pop(gains.index(best))
         chosen.append(key)
-        covered |= _field_values(key)
+        covered |= field_values(key)
     return chosen
 
 
