@@ -14,6 +14,7 @@ from the torch profiler. `--configs` also times every fused configuration. Print
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -79,6 +80,20 @@ def make_row_inputs(B, T, H, beta, sequences):
     return x, cu, B * T
 
 
+@contextlib.contextmanager
+def standalone_route():
+    """KDAJIT_FORWARD_ROUTE=standalone for the block (the variable is read per call), then as before."""
+    before = os.environ.get("KDAJIT_FORWARD_ROUTE")
+    os.environ["KDAJIT_FORWARD_ROUTE"] = "standalone"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["KDAJIT_FORWARD_ROUTE"]
+        else:
+            os.environ["KDAJIT_FORWARD_ROUTE"] = before
+
+
 def run_row(name: str, with_configs: bool) -> dict:
     B, T, H, beta, sequences = ROWS[name]
     x, cu, tokens = make_row_inputs(B, T, H, beta, sequences)
@@ -88,20 +103,14 @@ def run_row(name: str, with_configs: bool) -> dict:
         return lambda: api._forward(*args, fused_config=config)
 
     def standalone():
-        before = os.environ.get("KDAJIT_FORWARD_ROUTE")
-        os.environ["KDAJIT_FORWARD_ROUTE"] = "standalone"
-        try:
-            return api._forward(*args)
-        finally:
-            if before is None:
-                del os.environ["KDAJIT_FORWARD_ROUTE"]
-            else:
-                os.environ["KDAJIT_FORWARD_ROUTE"] = before
+        return api._forward(*args)
 
     r = {"row": name, "B": B, "T": T, "H": H, "tokens": tokens, "sequences": sequences, "beta": beta,
          "gpu": torch.cuda.get_device_name()}
     r["fused_ms"] = bench(fused())
-    r["standalone_ms"] = bench(standalone)
+    with standalone_route():
+        r["standalone_ms"] = bench(standalone)
+        r["standalone_kernels"] = kernel_breakdown(standalone)
     if with_configs:
         r["configs_ms"] = {c.slug(): bench(fused(c)) for c in CONFIGS}
     try:
@@ -116,7 +125,6 @@ def run_row(name: str, with_configs: bool) -> dict:
     r["floor_ms"] = nbytes / (HBM_TBPS * 1e12) * 1e3
     r["fused_floor_fraction"] = r["floor_ms"] / r["fused_ms"]
     r["fused_kernels"] = kernel_breakdown(fused())
-    r["standalone_kernels"] = kernel_breakdown(standalone)
     return r
 
 

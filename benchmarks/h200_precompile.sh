@@ -7,9 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=.gpu-cache/cpu
 rm -rf .gpu-cache
-configs=()
-for ahead in 0 1; do for ctas in 1 2; do for raster in chunk head; do
-  configs+=(--config "persistent=true;ctas_per_sm=$ctas;raster=$raster;loads_ahead=$ahead"); done; done; done
+configs=()  # --config words of every non-reference configuration in kdajit.keys.FUSED_CONFIG_SPACE
+while read -r word; do configs+=(--config "$word"); done < <(python -c '
+import dataclasses
+from kdajit.keys import FUSED_CONFIG_SPACE
+for c in FUSED_CONFIG_SPACE[1:]:
+    print(";".join(f"{k}={str(v).lower()}" for k, v in dataclasses.asdict(c).items()))')
 precompile() { python -m kdajit precompile --cache-dir "$root" --arch sm_90a --no-progress "$@" | tail -1; }
 python benchmarks/fused_phases.py --export .gpu-cache/phases
 precompile                                                                            # every reference kernel

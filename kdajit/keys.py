@@ -113,6 +113,7 @@ def _args(*specs: str) -> tuple[KernelArg, ...]:
 
 
 _SEQ = ("cu_seqlens:seq:cu", "chunk_offsets:seq:int32")
+_WU_OUTPUTS = ("w:bthd:bf16:head_k", "u:bthd:bf16:head_v", "kg:bthd:bf16:head_k", "qg:bthd:bf16:head_k:qg_only")
 
 
 @dataclass(frozen=True)
@@ -192,8 +193,7 @@ class RecomputeWUKey(_SpecKey):
     TEMPLATE: ClassVar[str] = "recompute_wu"
     ARGS: ClassVar[tuple[KernelArg, ...]] = _args(
         "k:bthd:bf16:head_k", "v:bthd:bf16:head_v", "beta:bth:beta", "Akk:bthd:bf16:chunk", "gk:bthd:fp32:head_k",
-        "q:bthd:bf16:head_k:qg_only", "w:bthd:bf16:head_k", "u:bthd:bf16:head_v", "kg:bthd:bf16:head_k",
-        "qg:bthd:bf16:head_k:qg_only", *_SEQ)
+        "q:bthd:bf16:head_k:qg_only", *_WU_OUTPUTS, *_SEQ)
     config: KernelConfig = KernelConfig()
 
 
@@ -204,8 +204,7 @@ class FusedForwardKey(_SpecKey):
     TEMPLATE: ClassVar[str] = "fused_forward"
     ARGS: ClassVar[tuple[KernelArg, ...]] = _args(
         "q:bthd:bf16:head_k", "k:bthd:bf16:head_k", "v:bthd:bf16:head_v", "gk:bthd:fp32:head_k", "beta:bth:beta",
-        "Aqk:bthd:bf16:chunk", "Akk:bthd:bf16:chunk", "w:bthd:bf16:head_k", "u:bthd:bf16:head_v",
-        "kg:bthd:bf16:head_k", "qg:bthd:bf16:head_k:qg_only", *_SEQ, "scale:scalar:fp32", "max_ctas:scalar:int32")
+        "Aqk:bthd:bf16:chunk", "Akk:bthd:bf16:chunk", *_WU_OUTPUTS, *_SEQ, "scale:scalar:fp32", "max_ctas:scalar:int32")
     CONFIG: ClassVar[type] = FusedConfig
     config: FusedConfig = FusedConfig()
 

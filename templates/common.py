@@ -53,8 +53,7 @@ def fake_arguments(key) -> tuple:
     shapes = SymbolicShapes()
     # Without QG, the QG-only tensors are never touched: their own sizes let the caller pass small dummies.
     qg_shapes = shapes if getattr(key, "output_qg", False) else SymbolicShapes()
-    dtypes = {"bf16": cutlass.BFloat16, "fp32": cutlass.Float32, "int32": cutlass.Int32,
-              "beta": DTYPES.get(getattr(key, "beta_dtype", "")),
+    dtypes = {**DTYPES, "int32": cutlass.Int32, "beta": DTYPES.get(getattr(key, "beta_dtype", "")),
               "cu": CU_SEQLENS_DTYPES.get(key.varlen, cutlass.Int32)}
     fakes = []
     for arg in key.ARGS:
