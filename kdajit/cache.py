@@ -1,7 +1,8 @@
 """Persistent kernel cache: each kernel key is compiled once per machine and shared by every process.
 
 `get_kernels(keys)` looks each key up in the process's one kernel table (the hot path: one dict
-lookup per kernel), then on disk (the entry is verified: the path to the root, meta.json, the
+lookup per kernel), then on disk, in the writable root and then in each read-only layer
+(KDAJIT_CACHE_RO_DIRS) (the entry is verified: the path to the root, meta.json, the
 object's sha256, owners and permissions; the verified bytes are what gets loaded), then compiles
 under a per-entry file lock (re-checking the disk once the lock is held) and publishes the entry
 atomically. The layout is `kdajit.cache_layout`; the other `cache_*` modules each do one job
@@ -296,6 +297,13 @@ def default_cache() -> DiskCache:
     return DiskCache(cache_root(), env.cache_mode())
 
 
+def read_only_layers() -> list[DiskCache]:
+    """The KDAJIT_CACHE_RO_DIRS layers, searched in order after the writable root. Their entries get
+    the same checks as the root's (ownership, hashes, key); a bad one is skipped with a warning (a
+    read-only layer is never modified). Listing a layer trusts the native code in it."""
+    return [DiskCache(Path(d).expanduser(), "ro") for d in env.cache_ro_dirs()]
+
+
 _ANNOUNCED = threading.Event()
 
 
@@ -334,9 +342,14 @@ def _get_slow(keys: Sequence[_KernelKey]) -> tuple[Callable, ...]:
         _STATS["memory_hits"] += len(keys) - len(missing)
         _STATS["misses"] += len(missing)
         disk = default_cache()
+        layers = read_only_layers() if env.cache_mode() != "off" else []
         to_build = []
         for key in missing:
             fn = disk.load(key)
+            for layer in layers:
+                if fn is not None:
+                    break
+                fn = layer.load(key)
             if fn is None:
                 to_build.append(key)
             else:

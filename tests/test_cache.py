@@ -327,3 +327,22 @@ def test_cache_off_never_touches_the_disk(tmp_path):
                                                    KDAJIT_DISABLE_JIT="1"))
     assert "KDAJIT_CACHE=off" in report["results"][0]["message"]
     assert not (tmp_path / "cache").exists()
+
+
+# -- KDAJIT_CACHE_RO_DIRS --------------------------------------------------------------------------
+def test_read_only_layers_serve_hits_and_a_bad_entry_there_is_skipped_untouched(golden, tmp_path):
+    root, layer, broken = tmp_path / "empty-root", tmp_path / "layer", tmp_path / "broken-layer"
+    ch.copy_cache(golden[0], layer)
+    ch.copy_cache(golden[0], broken)
+    damaged = ch.find_entry(broken, "sm_90a", "dense")
+    _damage(damaged, "truncated object", broken)
+    before = sorted(p.relative_to(broken).as_posix() for p in broken.rglob("*"))
+    env = ch.child_env(root, tmp_path / "locks", KDAJIT_DISABLE_JIT="1",
+                       KDAJIT_CACHE_RO_DIRS=os.pathsep.join([str(broken), str(layer)]))
+    report = ch.lookup(ch.GOLDEN_KEYS, env)
+    s = report["stats"]
+    assert all(r["ok"] for r in report["results"]), report
+    assert (s["compiles"], s["disk_hits"], s["quarantined"]) == (0, 4, 0), report
+    assert sum("ignoring cache entry" in w and "broken-layer" in w for w in report["warnings"]) == 1, report
+    assert sorted(p.relative_to(broken).as_posix() for p in broken.rglob("*")) == before  # never modified
+    assert not root.exists() or not list(root.rglob("kernel.o"))  # nothing was copied into the root
