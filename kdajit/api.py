@@ -10,7 +10,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from kdajit import cache, compiler, env, ops, validate
+from kdajit import cache, compiler, env, ops, tune_records, tuner, validate
 from kdajit.keys import KEY_TYPES, AkkInverseKey, ForwardSpec, FusedConfig, FusedForwardKey, IntraKey, RecomputeWUKey
 from kdajit.outputs import ForwardOutput
 
@@ -36,10 +36,12 @@ def _sm_count(device_index: int) -> int:
 
 
 def _kernels(problem, chunk: int, output_qg: bool, device_index: int, *, intra: bool, recompute: bool,
-             fused_config: FusedConfig | None = None) -> _Kernels:
-    """The kernels a call runs, fetched together (one table lookup each): the fused kernel (in
-    `fused_config`, default the reference) when both stages run on an arch that has one and
-    KDAJIT_FORWARD_ROUTE allows it, else intra + inverse and/or recompute."""
+             fused_config: FusedConfig | None = None, seqs: int = 0,
+             shape: Callable[[], tuner.TuneShape] | None = None) -> _Kernels:
+    """The kernels a call runs, fetched together (one table lookup each): the fused kernel when both
+    stages run on an arch that has one and KDAJIT_FORWARD_ROUTE allows it, else intra + inverse
+    and/or recompute. The fused kernel runs in `fused_config`, else in the configuration the tuner
+    picks for the workload (`seqs` sequences; `shape` describes the call if it has to be tuned)."""
     spec = _spec(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk, output_qg, device_index)
     fused_route = intra and recompute and spec.uses_fused and env.forward_route() == "auto"
     if fused_config is not None and not fused_route:
@@ -47,7 +49,10 @@ def _kernels(problem, chunk: int, output_qg: bool, device_index: int, *, intra: 
                          f"(arch {spec.arch}, KDAJIT_FORWARD_ROUTE={env.forward_route()}); expected a call of the "
                          f"fused route")
     if fused_route:
-        key = spec.fused_key(fused_config or FusedConfig())
+        if fused_config is None:
+            fused_config = tuner.config_for(spec, device_index, problem.batch * problem.tokens, problem.heads, seqs,
+                                            _fused_launcher, shape)
+        key = spec.fused_key(fused_config)
         fused, = cache.get_kernels((key,))
         max_ctas = _sm_count(device_index) * key.config.ctas_per_sm if key.config.persistent else 1
         return _Kernels(None, None, None, fused, max_ctas)
@@ -188,8 +193,9 @@ def _forward(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, output_qg, safe_g
     written = ("Aqk", "Akk", "w", "u", "kg") + ("qg",) * bool(output_qg)
     problem = validate.check_forward_inputs(q, k, v, gk, beta, cu_seqlens, chunk_size, _given_outputs(out, written))
     scale = problem.head_k ** -0.5 if scale is None else float(scale)
+    seqs = problem.batch if cu_seqlens is None else cu_seqlens.numel() - 1
     kernels = _kernels(problem, chunk_size, bool(output_qg), _device_index(q), intra=True, recompute=True,
-                       fused_config=fused_config)
+                       fused_config=fused_config, seqs=seqs, shape=lambda: _tune_shape(problem, cu_seqlens))
     cu, offsets = _seq_vectors(cu_seqlens, chunk_size, problem.tokens, q.device)
     q_for_qg = q if output_qg else None
     Aqk, Akk = _intra_outputs(out, problem, q)
@@ -200,6 +206,65 @@ def _forward(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, output_qg, safe_g
         _run_intra(q, k, gk, beta, scale, cu, offsets, kernels, Aqk, Akk)
         _run_recompute(k, v, beta, Akk, gk, q_for_qg, cu, offsets, kernels, w, u, kg, qg)
     return ForwardOutput(Aqk, Akk, w, u, kg, qg)
+
+
+def _tune_shape(problem, cu_seqlens: torch.Tensor | None) -> tuner.TuneShape:
+    """The shape of a call that tunes its workload bucket (reads cu_seqlens: a host synchronisation)."""
+    lengths = None if cu_seqlens is None else tuple(int(n) for n in cu_seqlens.diff().clamp(min=0).tolist())
+    return tuner.TuneShape(problem.batch, problem.tokens, problem.heads, lengths)
+
+
+def _fused_launcher(config: FusedConfig, x: dict, out: ForwardOutput) -> Callable[[], None]:
+    """One launch of the fused kernel in `config` on the inputs `x` into `out`, validated and looked up
+    once (the tuner guards and times these; QG is written when `out.qg` is given)."""
+    output_qg = out.qg is not None
+    chunk = out.Aqk.shape[-1]
+    q, k, v, gk, beta, cu_seqlens = (x.get(n) for n in ("q", "k", "v", "gk", "beta", "cu_seqlens"))
+    written = ("Aqk", "Akk", "w", "u", "kg") + ("qg",) * output_qg
+    problem = validate.check_forward_inputs(q, k, v, gk, beta, cu_seqlens, chunk, _given_outputs(out, written))
+    kernels = _kernels(problem, chunk, output_qg, _device_index(q), intra=True, recompute=True, fused_config=config)
+    cu, offsets = _seq_vectors(cu_seqlens, chunk, problem.tokens, q.device)
+    return functools.partial(_run_fused, q, k, v, gk, beta, problem.head_k ** -0.5, cu, offsets, kernels, *out[:5],
+                             out.qg)
+
+
+def tune(batch: int, tokens: int, heads: int, *, beta_dtype: str = "bf16", varlen: str = "dense",
+         lengths: tuple[int, ...] | None = None, head_k: int = 128, head_v: int = 128, chunk_size: int = 64,
+         output_qg: bool = False, force: bool = False, device: int | None = None,
+         progress: tuner.Progress | None = None) -> tune_records.TuningRecord:
+    """Tune the fused kernel for one specialization and workload on this GPU, and store the record.
+
+    The workload is dense [batch, tokens] with `heads` heads or, for varlen "cu32"/"cu64", the
+    sequences `lengths` packed together (batch must be 1; `tokens` is then their sum and ignored). Every candidate configuration is first
+    proven bitwise equal to the reference configuration on the tuning inputs and edge-case probes;
+    only those are timed; the winner (ties within 1% go to the earlier configuration) is stored for
+    the workload's bucket, where `forward` finds it (KDAJIT_AUTOTUNE=cached, the default). Already
+    timed candidates are kept unless `force`. Returns the record (`kdajit cache ls` lists it).
+    """
+    if varlen != "dense" and (lengths is None or batch != 1):
+        raise ValueError(f"varlen={varlen!r} tunes packed sequences: pass lengths=(...) and batch=1 "
+                         f"(got lengths={lengths!r}, batch={batch})")
+    if varlen == "dense" and lengths is not None:
+        raise ValueError(f"lengths={lengths!r} needs varlen='cu32' or 'cu64' (got varlen='dense')")
+    sizes = (("batch", batch), ("heads", heads)) + ((("tokens", tokens),) if lengths is None else ())
+    for name, value in sizes:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive int")
+    if lengths is not None and (not all(isinstance(n, int) and n >= 0 for n in lengths) or sum(lengths) < 1):
+        raise ValueError(f"lengths={lengths!r} must be ints >= 0 with a positive sum")
+    if not torch.cuda.is_available():
+        raise RuntimeError("kdajit.tune needs a CUDA GPU: it times the kernels on the GPU the records are for "
+                           "(`kdajit precompile` works without one)")
+    device_index = torch.cuda.current_device() if device is None else int(device)
+    spec = _spec(beta_dtype, varlen, head_k, head_v, chunk_size, bool(output_qg), device_index)
+    if not spec.uses_fused or env.forward_route() != "auto":
+        raise ValueError(f"nothing to tune on arch {spec.arch} with KDAJIT_FORWARD_ROUTE={env.forward_route()}: "
+                         f"the standalone kernels have one configuration each; expected an sm_90a GPU and the "
+                         f"fused route")
+    shape = tuner.TuneShape(batch, sum(lengths) if lengths else tokens, heads, tuple(lengths) if lengths else None)
+    key = tuner.tuning_key(spec, device_index, shape.total_tokens, heads, shape.seqs)
+    with torch.cuda.device(device_index):
+        return tuner.tune(key, shape, _fused_launcher, force=force, device_index=device_index, progress=progress)
 
 
 def intra(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor, scale: float | None = None, *,

@@ -7,6 +7,7 @@
             kernel.o                      export_to_c object (TVM-FFI, symbol `compiler.SYMBOL`)
             meta.json                     the key, the object's size and sha256; written last
             (.quarantined.<name>          an entry moved aside in place, when quarantine/ is unusable)
+        tuning/<spec slug>/<device>.<bucket>.json   one tuning record (kdajit.tune_records), written atomically
     staging/<host>.<pid>.<rand>/          entries are built here, then renamed into v1/ (same fs)
     staging/trash.<pid>.<rand>/           a removal in progress
     quarantine/<utc>.<pid>.<rand>.<entry>/  entries that failed verification, with reason.json
@@ -38,6 +39,8 @@ META = "meta.json"
 ENTRY_FILES = (ARTIFACT, META)  # in publishing order: meta.json last
 TOOLCHAIN_FILE = "toolchain.json"
 KERNELS = "kernels"
+TUNING = "tuning"
+RECORD_SUFFIX = ".json"
 STAGING = "staging"
 QUARANTINE = "quarantine"
 LOCKS = "locks"
@@ -48,6 +51,8 @@ _NAME = r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
 _FP = r"[0-9a-f]{16}"
 _ENTRY = re.compile(rf"^v(?P<schema>\d+)/(?P<arch>{_NAME})/tc-(?P<fp>{_FP})/{KERNELS}/(?P<spec>{_NAME})/"
                     rf"(?P<config>{_NAME})$")
+_RECORD = re.compile(rf"^v(?P<schema>\d+)/(?P<arch>{_NAME})/tc-(?P<fp>{_FP})/{TUNING}/(?P<spec>{_NAME})/"
+                     rf"(?P<name>{_NAME})\{RECORD_SUFFIX}$")
 _TOOLCHAIN_DIR = re.compile(rf"^tc-({_FP})$")
 _LAYOUT_DIR = re.compile(r"^v(\d+)$")
 
@@ -84,6 +89,51 @@ def entry_relpath(key: _KernelKey, fingerprint: str) -> str:
     spec = _safe_name(key.spec_slug(), "spec")
     cfg = _safe_name(f"{key.config.slug()}-{key_hash(key)}", "config")
     return f"{toolchain_relpath(key.arch, fingerprint)}/{KERNELS}/{spec}/{cfg}"
+
+
+def record_relpath(spec_slug: str, name: str, arch: str, fingerprint: str) -> str:
+    """`v1/<arch>/tc-<fp>/tuning/<spec slug>/<name>.json`: one tuning record (POSIX, relative)."""
+    spec = _safe_name(spec_slug, "spec")
+    return f"{toolchain_relpath(arch, fingerprint)}/{TUNING}/{spec}/{_safe_name(name, 'record name')}{RECORD_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class RecordPath:
+    """The parts of a tuning record's relative path."""
+
+    relpath: str
+    arch: str
+    toolchain: str
+    spec: str
+    name: str
+
+    @property
+    def parent_relpath(self) -> str:
+        return self.relpath.rsplit("/", 1)[0]
+
+
+def parse_record_relpath(relpath: object) -> RecordPath:
+    """The parts of a tuning record path of the current layout; ValueError for anything else."""
+    m = _RECORD.match(relpath) if isinstance(relpath, str) else None
+    if m is None or int(m.group("schema")) != SCHEMA or ".." in relpath.split("/"):
+        raise ValueError(f"{relpath!r} is not a tuning record path (v{SCHEMA}/<arch>/tc-<16 hex>/{TUNING}/<spec>/"
+                         f"<name>{RECORD_SUFFIX})")
+    return RecordPath(relpath, m.group("arch"), m.group("fp"), m.group("spec"), m.group("name"))
+
+
+def record_paths(root: Path) -> Iterator[RecordPath]:
+    """Every tuning record file of the current layout under `root` (not verified)."""
+    for _, _, tc_dir in toolchain_dirs(root):
+        for spec_dir in subdirs(tc_dir / TUNING):
+            try:
+                names = sorted(os.listdir(spec_dir))
+            except OSError:
+                continue
+            for name in names:
+                try:
+                    yield parse_record_relpath((spec_dir / name).relative_to(root).as_posix())
+                except ValueError:
+                    continue  # a temporary file of an atomic write, or a name this layout never writes
 
 
 @dataclass(frozen=True)

@@ -70,3 +70,8 @@ def lock_file(lock_dir: Path, root: Path | None, key: _KernelKey, fingerprint: s
     """The lock file in `lock_dir` that serializes compiles of `key` into `root`."""
     ident = f"{os.path.realpath(root) if root is not None else ''}\0{cache_layout.entry_relpath(key, fingerprint)}"
     return lock_dir / f"{hashlib.sha256(ident.encode()).hexdigest()[:32]}.lock"
+
+
+def gpu_lock_file(lock_dir: Path, device_id: str) -> Path:
+    """The lock file in `lock_dir` that serializes tuning runs (candidate timing) on one GPU."""
+    return lock_dir / f"tune-{hashlib.sha256(device_id.encode()).hexdigest()[:32]}.lock"

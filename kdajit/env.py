@@ -14,6 +14,9 @@
 | KDAJIT_COMPILE_WORKERS | default number of `kdajit precompile` worker processes (`-j`) | min(2, CPUs) |
 | KDAJIT_FLA_BACKEND | 1: `import kdajit` registers and enables kdajit as FLA's "kda" backend | 0 |
 | KDAJIT_FORWARD_ROUTE | `auto` (the fused kernel where the arch has one) or `standalone` (intra + inverse + recompute; same bits) | auto |
+| KDAJIT_AUTOTUNE | `off` (reference configuration), `cached` (a stored tuning record, else the reference), `on` (tune a workload bucket without a record on first use), `force` (re-time every candidate on first use) | cached |
+| KDAJIT_STRICT_BITWISE | 1: a tuning candidate whose outputs differ from the reference configuration's raises instead of being excluded with a warning | 0 |
+| KDAJIT_CACHE_RO_DIRS | read-only cache layers searched after the writable root for kernels and tuning records (`os.pathsep`-separated; listing one trusts its native code) | - |
 
 CuTe DSL variables that change generated code (`codegen_env`) are part of the cache's toolchain
 fingerprint, so a kernel built with, say, CUTE_DSL_LINEINFO=1 is never served to a process without it.
@@ -109,6 +112,25 @@ def forward_route() -> str:
     if route not in FORWARD_ROUTES:
         raise ValueError(f"KDAJIT_FORWARD_ROUTE={route!r} is not valid; expected one of {FORWARD_ROUTES}")
     return route
+
+
+AUTOTUNE_MODES = ("off", "cached", "on", "force")
+
+
+def autotune_mode() -> str:
+    mode = _get("AUTOTUNE", "cached").strip().lower() or "cached"
+    if mode not in AUTOTUNE_MODES:
+        raise ValueError(f"KDAJIT_AUTOTUNE={mode!r} is not valid; expected one of {AUTOTUNE_MODES}")
+    return mode
+
+
+def strict_bitwise() -> bool:
+    return _flag("STRICT_BITWISE")
+
+
+def cache_ro_dirs() -> list[str]:
+    """The read-only cache layers, in search order (empty entries dropped)."""
+    return [d for d in _get("CACHE_RO_DIRS").split(os.pathsep) if d.strip()]
 
 
 # CuTe DSL settings marked `affects_compile` in cutlass/base_dsl/env_manager.py that change the object

@@ -1,0 +1,328 @@
+"""Autotuning of the fused kernel's configuration, under the rule that tuning changes speed, never bits.
+
+`KDAJIT_AUTOTUNE` (read in kdajit.env) decides what a `forward` call runs:
+
+| mode | what a call uses | tunes |
+|---|---|---|
+| off | the reference configuration | never |
+| cached (default) | the winner of a stored record for the call's `TuningKey`, else the reference | never |
+| on | like cached | a workload bucket with no record, or whose record lacks candidates of today's space, on first use |
+| force | like on | every bucket again (every candidate re-timed) on its first use in the process |
+
+Nothing is tuned while a CUDA graph is being captured or torch.compile traces (the record or the
+reference is used then, and a later plain call may tune). A tuning run (`tune`) holds this GPU's
+tuning lock, so processes sharing a GPU never time at the same time; re-reads the record once it
+holds the lock; guards every candidate (kdajit.tune_guard: bitwise equal to the reference on the
+tuning inputs and on edge-case probes, or excluded: warned once, or raised with
+KDAJIT_STRICT_BITWISE=1); times the survivors (kdajit.tune_timing); and stores the record beside the
+kernels (kdajit.tune_records). Distributed jobs agree explicitly: `share_records` makes every rank
+adopt one rank's records; nothing in `forward` ever talks to other ranks.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from kdajit import cache_files, cache_layout, cache_locks, compiler, env, tune_guard, tune_records, tune_timing
+from kdajit.cache_toolchain import toolchain_fingerprint
+from kdajit.keys import FUSED_CONFIG_SPACE, ForwardSpec, FusedConfig
+from kdajit.tune_records import CandidateResult, TuningKey, TuningRecord, WorkloadBucket
+
+log = logging.getLogger("kdajit")
+REFERENCE = FUSED_CONFIG_SPACE[0]
+Progress = Callable[[int, int, str], None]  # (done, total, what): called as a tuning run advances
+
+
+class KdajitTuningWarning(RuntimeWarning):
+    """A tuning candidate was excluded, or a tuning record could not be read or written."""
+
+
+class BitwiseMismatch(RuntimeError):
+    """With KDAJIT_STRICT_BITWISE=1: a candidate configuration's outputs differ from the reference's."""
+
+
+@dataclass(frozen=True)
+class TuneShape:
+    """The shape a tuning run times: dense [batch, tokens] or, with `lengths`, packed sequences."""
+
+    batch: int
+    tokens: int
+    heads: int
+    lengths: tuple[int, ...] | None = None
+
+    @property
+    def seqs(self) -> int:
+        return len(self.lengths) if self.lengths is not None else self.batch
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.lengths) if self.lengths is not None else self.batch * self.tokens
+
+
+_CHOICES: dict[tuple, FusedConfig] = {}  # (spec, device index, B*T, H, sequences) -> configuration
+_RECORDS: dict[TuningKey, TuningRecord] = {}  # records this process read, tuned or adopted
+_FORCED: set[TuningKey] = set()
+_WARNED: set[str] = set()
+_LOCK = threading.RLock()
+
+
+def clear() -> None:
+    """Forget this process's choices and records (the disk is untouched)."""
+    with _LOCK:
+        _CHOICES.clear()
+        _RECORDS.clear()
+        _FORCED.clear()
+        _WARNED.clear()
+
+
+def _warn_once(topic: str, message: str) -> None:
+    if topic in _WARNED:
+        log.debug("%s", message)
+        return
+    _WARNED.add(topic)
+    warnings.warn(message, KdajitTuningWarning, stacklevel=4)
+
+
+@functools.lru_cache(maxsize=None)
+def device_identity(device_index: int) -> tuple[str, int, str]:
+    """(name, SM count, UUID) of a CUDA device; ("no-gpu", 0, "no-gpu") without CUDA (no record matches)."""
+    if not torch.cuda.is_available():
+        return "no-gpu", 0, "no-gpu"
+    props = torch.cuda.get_device_properties(device_index)
+    return props.name, props.multi_processor_count, str(getattr(props, "uuid", device_index))
+
+
+def tuning_key(spec: ForwardSpec, device_index: int, tokens: int, heads: int, seqs: int) -> TuningKey:
+    name, sms, _ = device_identity(device_index)
+    return TuningKey(spec, name, sms, WorkloadBucket.of(tokens, heads, seqs))
+
+
+def _roots() -> list[tuple[Path, bool]]:
+    """(root, writable) of every cache layer, in search order: the writable root, then KDAJIT_CACHE_RO_DIRS."""
+    layers = []
+    root = cache_layout.cache_root()
+    if root is not None:
+        layers.append((cache_files.real_root(root), env.cache_mode() == "rw"))
+    layers += [(cache_files.real_root(Path(d).expanduser().absolute()), False) for d in env.cache_ro_dirs()]
+    return layers
+
+
+def _read_disk(key: TuningKey, first_only: bool = False) -> TuningRecord | None:
+    fp = toolchain_fingerprint()
+    for root, _ in _roots()[:1] if first_only else _roots():
+        if cache_files.root_problem(root):
+            continue
+        try:
+            record = tune_records.read_record(root, key, fp)
+        except (OSError, ValueError) as e:
+            _warn_once(f"read:{root}:{key}", f"kdajit: ignoring the tuning record for {key.name()} under {root} "
+                                             f"({e}); using the next layer or the reference configuration")
+            continue
+        if record is not None:
+            return record
+    return None
+
+
+def find_record(key: TuningKey) -> TuningRecord | None:
+    """The record for `key`: this process's, else the first cache layer's that has a usable one."""
+    with _LOCK:
+        if key not in _RECORDS:
+            record = _read_disk(key)
+            if record is None:
+                return None
+            _RECORDS[key] = record
+        return _RECORDS[key]
+
+
+def candidates(spec: ForwardSpec) -> tuple[list[FusedConfig], list[FusedConfig]]:
+    """(buildable, pruned) configurations of the space for `spec`, in the space's order; pruned ones
+    do not fit (shared memory, threads: the template's can_implement) and are never compiled."""
+    cls = compiler.template_class(spec.fused_key())
+    buildable = [c for c in FUSED_CONFIG_SPACE if cls.can_implement(spec.fused_key(c))]
+    return buildable, [c for c in FUSED_CONFIG_SPACE if c not in buildable]
+
+
+def _missing(record: TuningRecord | None) -> bool:
+    return record is None or any(record.result(c) is None for c in FUSED_CONFIG_SPACE)
+
+
+def may_tune() -> bool:
+    """False while a CUDA graph is being captured or torch.compile traces."""
+    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return not (torch.compiler.is_compiling() or capturing)
+
+
+def config_for(spec: ForwardSpec, device_index: int, tokens: int, heads: int, seqs: int,
+               prepare: tune_guard.Prepare, shape: Callable[[], TuneShape]) -> FusedConfig:
+    """The fused configuration a call runs (the hot path: one dict lookup after the first call of a
+    workload); `prepare` and `shape` are used only when this call has to tune (mode on/force)."""
+    choice = _CHOICES.get((spec, device_index, tokens, heads, seqs))
+    if choice is not None:
+        return choice
+    return _config_slow(spec, device_index, tokens, heads, seqs, prepare, shape)
+
+
+def _config_slow(spec, device_index, tokens, heads, seqs, prepare, shape) -> FusedConfig:
+    with _LOCK:
+        mode = env.autotune_mode()
+        if mode == "off":
+            _CHOICES[(spec, device_index, tokens, heads, seqs)] = REFERENCE
+            return REFERENCE
+        key = tuning_key(spec, device_index, tokens, heads, seqs)
+        record = find_record(key)
+        wants = mode == "force" and key not in _FORCED or mode == "on" and _missing(record)
+        if wants and not may_tune():
+            return record.winner if record else REFERENCE  # not memoized: a later plain call may tune
+        if wants:
+            record = tune(key, shape(), prepare, force=mode == "force", device_index=device_index)
+        config = record.winner if record else REFERENCE
+        _CHOICES[(spec, device_index, tokens, heads, seqs)] = config
+        return config
+
+
+def _gpu_lock(device_index: int):
+    """This GPU's tuning lock (a file lock in the cache's lock directory), or None (warned) if unusable."""
+    roots = _roots()
+    lock_dir, refused = cache_locks.usable_lock_dir(roots[0][0] if roots and roots[0][1] else None)
+    if lock_dir is None:
+        _warn_once("gpu_lock", f"kdajit: no usable lock directory for tuning ({'; '.join(refused)}); another "
+                               f"process timing on this GPU at the same time would skew both runs")
+        return None
+    import filelock
+
+    lock = filelock.FileLock(str(cache_locks.gpu_lock_file(lock_dir, device_identity(device_index)[2])), mode=0o600)
+    lock.acquire(timeout=env.lock_timeout_s(), poll_interval=0.2)
+    return lock
+
+
+def tune(key: TuningKey, shape: TuneShape, prepare: tune_guard.Prepare, *, force: bool = False,
+         device_index: int | None = None, progress: Progress | None = None,
+         timer: Callable = tune_timing.time_launches, device: torch.device | None = None) -> TuningRecord:
+    """Tune `key` at `shape`: guard, time and choose among the configuration space, store the record.
+
+    Candidates already in the key's record keep their results unless `force`; the reference and the
+    previous winner are timed again beside any new candidate. Raises BitwiseMismatch for a differing
+    candidate with KDAJIT_STRICT_BITWISE=1, and ValueError when called where tuning is not allowed.
+    `timer` and `device` (where the inputs live) are for stand-in kernels in the CPU tests.
+    """
+    if not may_tune():
+        raise ValueError("kdajit cannot tune while a CUDA graph is being captured or torch.compile traces; "
+                         "tune ahead of time (`kdajit tune`, kdajit.tune) and replay with the record")
+    device_index = torch.cuda.current_device() if device_index is None else device_index
+    device = torch.device("cuda", device_index) if device is None else device
+    with _LOCK:
+        lock = _gpu_lock(device_index)
+        try:
+            previous = None if force else _read_disk(key, first_only=True) or find_record(key)
+            record = _tune_locked(key, shape, prepare, previous, device, progress or (lambda *_: None), timer)
+        finally:
+            if lock is not None:
+                lock.release()
+        _store(record)
+        _FORCED.add(key)
+        return record
+
+
+def _tune_locked(key, shape, prepare, previous, device, progress, timer) -> TuningRecord:
+    spec = key.spec
+    buildable, pruned = candidates(spec)
+    kept = {c: previous.result(c) for c in buildable if previous is not None and previous.result(c) is not None}
+    retime = {REFERENCE} | ({previous.winner} if previous is not None else set())
+    todo = [c for c in buildable if c not in kept or c in retime]
+    t0 = time.perf_counter()
+    tuning = [(f"tuning-inputs-{i}", tune_guard.make_problem(spec, shape.batch, shape.heads, tokens=shape.tokens,
+                                                             lengths=shape.lengths, seed=i, device=device))
+              for i in range(_input_sets(shape, spec, device))]
+    problems = tuning[:1] + tune_guard.probe_problems(spec, device)
+    expected = tune_guard.reference_outputs(prepare, REFERENCE, problems, spec.output_qg, spec.chunk)
+    results: dict[FusedConfig, CandidateResult] = {}
+    for i, config in enumerate(todo):
+        progress(i, 2 * len(todo), f"guard {config.slug()}")
+        detail = None if config == REFERENCE else tune_guard.guard(prepare, config, problems, expected,
+                                                                   spec.output_qg, spec.chunk)
+        if detail is None:
+            results[config] = CandidateResult(config, "ok")
+            continue
+        results[config] = CandidateResult(config, "mismatch", detail)
+        message = (f"kdajit: tuning candidate {config.slug()} of {spec.fused_key().spec_slug()} does not reproduce "
+                   f"the reference configuration's bits ({detail}); it is excluded")
+        if env.strict_bitwise():
+            raise BitwiseMismatch(message + " (KDAJIT_STRICT_BITWISE=1)")
+        _warn_once(f"mismatch:{spec}:{config}", message)
+    passed = [c for c in todo if results[c].guard == "ok"]
+    progress(len(todo), 2 * len(todo), f"time {len(passed)} candidates on {len(tuning)} input set(s)")
+    outs = [tune_guard.poisoned_outputs(x, spec.output_qg, spec.chunk) for _, x in tuning]
+    times = timer({c: [prepare(c, x, out) for (_, x), out in zip(tuning, outs)] for c in passed})
+    for c in passed:
+        results[c].ms = round(float(times[c]), 5)
+    progress(2 * len(todo), 2 * len(todo), f"done in {time.perf_counter() - t0:.1f} s")
+    every = [results.get(c) or kept[c] for c in buildable]
+    every += [CandidateResult(c, "unbuildable", "pruned: does not fit this specialization") for c in pruned]
+    timed = {r.config: r.ms for r in every if r.guard == "ok" and r.ms is not None}
+    winner = tune_timing.choose(list(FUSED_CONFIG_SPACE), timed)
+    shape_doc = {"B": shape.batch, "T": shape.tokens, "H": shape.heads, "lengths": list(shape.lengths or [])}
+    return TuningRecord(key, toolchain_fingerprint(), every, winner, REFERENCE, shape_doc)
+
+
+def _input_sets(shape: TuneShape, spec: ForwardSpec, device: torch.device) -> int:
+    elems = shape.total_tokens * shape.heads
+    per_token = 2 * (3 * spec.head_k + spec.head_v + 2 * spec.chunk + 2 * spec.head_k + spec.head_v) + 4 * spec.head_k
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20) if device.type == "cuda" else 0
+    return tune_timing.input_sets_needed(elems * per_token, l2)
+
+
+def _store(record: TuningRecord) -> None:
+    """Keep `record` for this process and publish it in the writable cache root (warned if that fails)."""
+    _RECORDS[record.key] = record
+    _CHOICES.clear()  # memoized choices of this bucket may have changed
+    roots = _roots()
+    if not roots or not roots[0][1]:
+        return
+    try:
+        tune_records.write_record(roots[0][0], record)
+    except OSError as e:
+        _warn_once("write", f"kdajit: cannot store the tuning record for {record.key.name()} under {roots[0][0]} "
+                            f"({e}); this process keeps it in memory")
+
+
+def records_of_toolchain() -> list[TuningRecord]:
+    """Every usable record of this toolchain in the cache layers and this process (first layer wins)."""
+    fp = toolchain_fingerprint()
+    found: dict[TuningKey, TuningRecord] = {}
+    for root, _ in _roots():
+        for where in cache_layout.record_paths(root):
+            if where.toolchain != fp:
+                continue
+            try:
+                record = tune_records.load_record_file(root, where.relpath)
+            except (OSError, ValueError):
+                continue
+            found.setdefault(record.key, record)
+    for key, record in _RECORDS.items():
+        found[key] = record
+    return list(found.values())
+
+
+def share_records(group=None, src: int = 0) -> int:
+    """Make every rank of a torch.distributed process group adopt rank `src`'s tuning records (of this
+    toolchain); call it on every rank, e.g. after `kdajit.tune` on `src`. Returns the records adopted
+    (on `src`: the records sent). Each rank keeps them for the process and stores them in its
+    writable cache root, so ranks never disagree on a configuration and `forward` never communicates."""
+    import torch.distributed as dist
+
+    payload = [[r.to_json() for r in records_of_toolchain()] if dist.get_rank(group) == src else None]
+    dist.broadcast_object_list(payload, src=src, group=group)
+    if dist.get_rank(group) == src:
+        return len(payload[0])
+    with _LOCK:
+        for doc in payload[0]:
+            _store(TuningRecord.from_json(doc))
+    return len(payload[0])
