@@ -1,8 +1,9 @@
 """`kdajit cache export | import`: relocatable, hash-checked bundles of cache entries.
 
 A bundle is a tar (gzip when the name ends in .gz/.tgz) holding `kdajit-bundle.json` first, then
-`entries/<relpath>/{kernel.o,meta.json}` for each entry, relpaths relative to the cache root (no
-absolute paths, owners or modes travel). The manifest records each file's size and sha256 and the
+`entries/<relpath>/{kernel.o,meta.json}` for each entry and `records/<relpath>` for each tuning
+record of the exported toolchains, relpaths relative to the cache root (no absolute paths, owners
+or modes travel). The manifest records each file's size and sha256 and the
 full toolchain components of each fingerprint.
 
 A bundle's objects are native code that will run in every process using the cache, and its hashes
@@ -24,7 +25,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from kdajit import cache_layout
+from kdajit import cache_layout, tune_records
 from kdajit.cache_entry import MAX_OBJECT_BYTES, check_content, check_entry, parse_json, utc_now
 from kdajit.cache_publish import makedirs_private, publish_entry, quarantine_entry, write_toolchain_record
 from kdajit.cache_toolchain import fingerprint_of, toolchain_components, toolchain_fingerprint
@@ -76,9 +77,23 @@ def export_bundle(root: Path, out: Path, *, archs: list[str] | None, spec: str |
             if components is None and e.toolchain == fp:
                 components = toolchain_components()
             manifest["toolchains"][e.toolchain] = components
-    result = {"bundle": str(out), "root": str(root), "exported": len(manifest["entries"]), "skipped": skipped,
-              "toolchains": sorted(manifest["toolchains"])}
-    if manifest["entries"]:
+    manifest["records"] = []
+    for where in cache_layout.record_paths(root):
+        if (not all_toolchains and where.toolchain != fp or archs and where.arch not in archs
+                or spec and spec not in where.spec):
+            continue
+        try:
+            record = tune_records.load_record_file(root, where.relpath)
+        except (OSError, ValueError) as e:
+            skipped.append({"relpath": where.relpath, "status": "bad record", "reason": str(e)})
+            continue
+        data = json.dumps(record.to_json(), indent=1, sort_keys=True).encode()
+        manifest["records"].append({"relpath": where.relpath, "bytes": len(data), "sha256": _sha(data)})
+        payload.append((f"records/{where.relpath}", data))
+    result = {"bundle": str(out), "root": str(root), "exported": len(manifest["entries"]),
+              "records": len(manifest["records"]), "skipped": skipped, "toolchains": sorted(manifest["toolchains"])}
+    exported = manifest["entries"] or manifest["records"]
+    if exported:
         tmp = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
         mode = "w:gz" if out.name.endswith((".gz", ".tgz")) else "w"
         try:
@@ -100,14 +115,15 @@ def export_bundle(root: Path, out: Path, *, archs: list[str] | None, spec: str |
     else:
         for s in skipped:
             print(f"skipped {s['relpath']}: {s['status']} ({s['reason']})")
-        if manifest["entries"]:
-            print(f"export: {result['exported']} entries ({human_size(result['bytes'])}) -> {out}")
+        if exported:
+            print(f"export: {result['exported']} entries, {result['records']} tuning records "
+                  f"({human_size(result['bytes'])}) -> {out}")
             print(f"sha256: {result['sha256']}")
             print(f"import it with: kdajit cache import {out.name} --sha256 {result['sha256']}")
         else:
             print(f"export: nothing to export from {root} (filters: arch={archs}, spec={spec}, "
                   f"{'all toolchains' if all_toolchains else 'current toolchain tc-' + fp})")
-    return 0 if manifest["entries"] and not skipped else 1
+    return 0 if exported and not skipped else 1
 
 
 def _read_member(tar: tarfile.TarFile, members: dict, name: str, limit: int = MAX_OBJECT_BYTES) -> bytes:
@@ -127,8 +143,8 @@ def _typed(value, kind, what: str):
     return value
 
 
-def parse_manifest(data: bytes, src: Path) -> tuple[dict, list[dict]]:
-    """(toolchains, entries) of a bundle manifest, every field's JSON type checked; ValueError otherwise."""
+def parse_manifest(data: bytes, src: Path) -> tuple[dict, list[dict], list[dict]]:
+    """(toolchains, entries, tuning records) of a bundle manifest, every field's JSON type checked; ValueError otherwise."""
     try:
         manifest = parse_json(data)
     except ValueError as e:
@@ -149,7 +165,26 @@ def parse_manifest(data: bytes, src: Path) -> tuple[dict, list[dict]]:
             record = _typed(files.get(name), dict, f"entries[{i}].files[{name!r}]")
             _typed(record.get("bytes"), int, f"entries[{i}].files[{name!r}].bytes")
             _typed(record.get("sha256"), str, f"entries[{i}].files[{name!r}].sha256")
-    return toolchains, entries
+    records = _typed(manifest.get("records", []), list, "'records'")
+    for i, item in enumerate(records):
+        _typed(item, dict, f"records[{i}]")
+        _typed(item.get("relpath"), str, f"records[{i}].relpath")
+        _typed(item.get("bytes"), int, f"records[{i}].bytes")
+        _typed(item.get("sha256"), str, f"records[{i}].sha256")
+    return toolchains, entries, records
+
+
+def _import_record(tar, members: dict, item: dict, root: Path) -> str:
+    """Verify one tuning record of the bundle (hash, schema, that it describes its path) and store it."""
+    where = cache_layout.parse_record_relpath(item["relpath"])
+    data = _read_member(tar, members, f"records/{where.relpath}", tune_records.MAX_RECORD_BYTES)
+    if len(data) != item["bytes"] or _sha(data) != item["sha256"]:
+        raise ValueError("the record does not match the bundle's sha256")
+    record = tune_records.TuningRecord.from_json(parse_json(data))
+    if tune_records.record_relpath(record.key, record.toolchain) != where.relpath:
+        raise ValueError("the record describes another path")
+    tune_records.write_record(root, record)
+    return "imported"
 
 
 def _import_entry(tar, members: dict, item: dict, toolchains: dict, root: Path, modes: tuple[int, int]) -> str:
@@ -227,7 +262,8 @@ def import_bundle(root: Path, src: Path, *, sha256: str | None, trust_unpinned: 
     with tar:
         try:
             members = {m.name: m for m in tar.getmembers()}
-            toolchains, items = parse_manifest(_read_member(tar, members, MANIFEST, _MAX_MANIFEST_BYTES), src)
+            manifest = _read_member(tar, members, MANIFEST, _MAX_MANIFEST_BYTES)
+            toolchains, items, record_items = parse_manifest(manifest, src)
         except tarfile.TarError as e:
             raise ValueError(f"{src} is not a readable tar bundle ({e})") from None
         _writable_root(root)
@@ -239,6 +275,17 @@ def import_bundle(root: Path, src: Path, *, sha256: str | None, trust_unpinned: 
                 if world_readable:
                     _open_up(root, item["relpath"])
                 r["current"] = cache_layout.parse_entry_relpath(item["relpath"]).toolchain == fp
+            except (ValueError, OSError, tarfile.TarError) as e:
+                r["error"] = f"{type(e).__name__}: {e}"
+        for item in record_items:
+            r = {"relpath": item["relpath"], "status": "failed", "error": None, "record": True}
+            results.append(r)
+            try:
+                r["status"] = _import_record(tar, members, item, root)
+                if world_readable:
+                    _open_up(root, item["relpath"].rsplit("/", 1)[0])
+                    os.chmod(root / item["relpath"], 0o644)
+                r["current"] = cache_layout.parse_record_relpath(item["relpath"]).toolchain == fp
             except (ValueError, OSError, tarfile.TarError) as e:
                 r["error"] = f"{type(e).__name__}: {e}"
     counts = {s: sum(r["status"] == s for r in results) for s in ("imported", "present", "failed")}

@@ -1,4 +1,6 @@
-"""`kdajit cache ls | show | why | verify`: read-only views of a cache root (verify --fix moves bad entries)."""
+"""`kdajit cache ls | show | why | verify`: read-only views of a cache root (verify --fix moves bad entries).
+
+`ls` lists the tuning records after the kernels; `show` takes a record's path too (cache_tools.tuning)."""
 from __future__ import annotations
 
 import json
@@ -9,15 +11,9 @@ from kdajit.cache import describe
 from kdajit.cache_entry import EntryCheck, check_entry, read_json_file
 from kdajit.cache_publish import quarantine_entry
 from kdajit.cache_toolchain import toolchain_components, toolchain_fingerprint
-from kdajit.cache_tools import keyspec
+from kdajit.cache_tools import keyspec, tuning
 from kdajit.cache_tools.entries import Entry, existing_root, iter_entries, read_toolchain, select_entries
-from kdajit.cache_tools.units import human_size, short_time
-
-
-def _print_table(rows: list[list[str]], header: list[str]) -> None:
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    for r in [header] + rows:
-        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+from kdajit.cache_tools.units import human_size, print_table, short_time
 
 
 def _toolchain_label(e: Entry) -> str:
@@ -27,34 +23,51 @@ def _toolchain_label(e: Entry) -> str:
 def ls(root: Path, archs: list[str] | None, spec: str | None, toolchain: str, as_json: bool) -> int:
     entries = select_entries(existing_root(root, "ls"), archs, spec, toolchain)
     fp = toolchain_fingerprint()
+    record_rows, record_docs = tuning.record_rows(root)
     if as_json:
-        print(json.dumps({"root": str(root), "toolchain": fp, "entries": [e.as_json() for e in entries]}, indent=1))
+        print(json.dumps({"root": str(root), "toolchain": fp, "entries": [e.as_json() for e in entries],
+                          "tuning_records": record_docs}, indent=1))
         return 0
     rows = [[e.arch, _toolchain_label(e), e.spec if e.meta else f"{e.spec} (no valid meta.json)", e.config,
              human_size(e.size), short_time(e.created), short_time(e.last_used)]
             for e in sorted(entries, key=lambda e: (e.arch, not e.current, e.spec, e.config))]
     if rows:
-        _print_table(rows, ["ARCH", "TOOLCHAIN", "SPEC", "CONFIG", "SIZE", "CREATED", "LAST USED"])
+        print_table(rows, ["ARCH", "TOOLCHAIN", "SPEC", "CONFIG", "SIZE", "CREATED", "LAST USED"])
     total = sum(e.size for e in entries)
     print(f"{len(entries)} entries, {human_size(total)} under {root} (current toolchain tc-{fp})")
+    if record_rows:
+        print()
+        print_table(record_rows, ["ARCH", "TOOLCHAIN", "SPEC", "RECORD", "WINNER", "VS REF", "NOTES"])
+        print(f"{len(record_rows)} tuning records (`kdajit cache show <path>` lists every candidate)")
     return 0
+
+
+def _path_under_root(root: Path, target: str, is_kind) -> str | None:
+    """`target` as a relpath under `root` when it names an existing path of that kind (`is_kind`:
+    Path.is_dir for entries, Path.is_file for records), else None; ValueError when it lies elsewhere."""
+    for candidate in (Path(target), root / target):
+        if is_kind(candidate):
+            try:
+                return candidate.absolute().relative_to(root.absolute()).as_posix()
+            except ValueError:
+                raise ValueError(f"{target} is not under the cache root {root}") from None
+    return None
 
 
 def _resolve_target(root: Path, target: str, arch: str | None, config) -> tuple[str, object | None]:
     """(relpath, key or None) for a `show`/`why` target: an entry path or a KEY."""
-    for candidate in (Path(target), root / target):
-        if candidate.is_dir():
-            try:
-                relpath = candidate.absolute().relative_to(root.absolute()).as_posix()
-            except ValueError:
-                raise ValueError(f"{target} is not under the cache root {root}") from None
-            return cache_layout.parse_entry_relpath(relpath).relpath, None
+    relpath = _path_under_root(root, target, Path.is_dir)
+    if relpath is not None:
+        return cache_layout.parse_entry_relpath(relpath).relpath, None
     key = keyspec.parse_key(target, arch=arch, config=config)
     return cache_layout.entry_relpath(key, toolchain_fingerprint()), key
 
 
 def show(root: Path, target: str, arch: str | None, config, as_json: bool) -> int:
-    relpath, key = _resolve_target(existing_root(root, "show"), target, arch, config)
+    record = _path_under_root(existing_root(root, "show"), target, Path.is_file)
+    if record is not None:
+        return tuning.show_record(root, cache_layout.parse_record_relpath(record).relpath, as_json)
+    relpath, key = _resolve_target(root, target, arch, config)
     where = cache_layout.parse_entry_relpath(relpath)
     check = check_entry(root, relpath, expect_key=key, expect_fp=where.toolchain)
     doc = {"path": str(root / relpath), "relpath": relpath, "status": check.status, "reason": check.reason,
@@ -201,7 +214,8 @@ def why(root: Path, target: str, arch: str | None, config, as_json: bool, limit:
 
 # -- verify ------------------------------------------------------------------------------------
 def verify(root: Path, archs: list[str] | None, fix: bool, load: bool, as_json: bool) -> int:
-    """Re-hash and re-parse every entry (each against its own toolchain); --fix quarantines bad ones."""
+    """Re-hash and re-parse every entry (each against its own toolchain) and every tuning record of the
+    current toolchain; --fix quarantines bad entries and deletes bad records (data, not code)."""
     results = []
     for e in select_entries(existing_root(root, "verify"), archs):
         check = check_entry(root, e.relpath, expect_fp=e.toolchain)
@@ -216,6 +230,7 @@ def verify(root: Path, archs: list[str] | None, fix: bool, load: bool, as_json: 
             moved = quarantine_entry(root, e.relpath, f"verify: {check.status}: {check.reason}")
             r["moved_to"] = str(moved) if moved else None
         results.append(r)
+    results += tuning.verify_records(root, archs, fix)
     bad = [r for r in results if r["status"] not in ("ok", "unknown")]
     remaining = [r for r in bad if not r["moved_to"]]
     if as_json:

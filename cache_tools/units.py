@@ -1,4 +1,4 @@
-"""Sizes, durations and times as the `kdajit cache` verbs print and parse them."""
+"""Sizes, durations, times and tables as the `kdajit cache` verbs print and parse them."""
 from __future__ import annotations
 
 import re
@@ -45,3 +45,10 @@ def parse_duration(text: str) -> float:
     if not m:
         raise ValueError(f"duration {text!r} is not like 30d, 12h, 90m, 45s or 2w")
     return float(m.group(1)) * _TIME_UNITS[m.group(2)]
+
+
+def print_table(rows: list[list[str]], header: list[str]) -> None:
+    """Left-aligned columns, two spaces apart."""
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    for r in [header] + rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

@@ -4,8 +4,10 @@
                       [--chunk 64] [--qg off|on|both] [--only TEMPLATE,...] [--config warps=4] [-j N]
                       [--dry-run] [--json] [--cache-dir DIR]
     kdajit precompile --key KEY [--key KEY ...]
-    kdajit cache ls [--arch A] [--spec S] [--stale | --current] [--json]
-    kdajit cache show ENTRY_PATH|KEY [--arch A] [--config C] [--json]
+    kdajit tune --shape 2x8192x64 [--shape 64:1000,37,4096 ...] [--beta bf16,fp32] [--varlen cu32|cu64]
+                [--qg off|on] [--force] [--json] [--cache-dir DIR]        (GPU: fills tuning records)
+    kdajit cache ls [--arch A] [--spec S] [--stale | --current] [--json]      (kernels, then tuning records)
+    kdajit cache show ENTRY_PATH|RECORD_PATH|KEY [--arch A] [--config C] [--json]
     kdajit cache why KEY [--arch A] [--config C] [--limit N] [--json]
     kdajit cache verify [--arch A] [--fix] [--load] [--json]
     kdajit cache prune [--stale] [--older-than 30d] [--max-size 5G] [--staging] [--quarantine] [--dry-run]
@@ -30,7 +32,7 @@ from pathlib import Path
 import kdajit
 from kdajit import keys
 from kdajit.cache_layout import cache_root
-from kdajit.cache_tools import bundle, envinfo, inspection, keyspec, maintenance, precompile, units
+from kdajit.cache_tools import bundle, envinfo, inspection, keyspec, maintenance, precompile, tuning, units
 
 _KEY_HELP = ("KEY: a spec slug as `kdajit cache ls` prints it, optionally @arch, e.g. "
              "akk_inverse.varlen-dense.chunk-64@sm_90a; or a key's JSON")
@@ -110,6 +112,22 @@ def _cmd_precompile(args: argparse.Namespace) -> int:
                           progress=not args.no_progress)
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from kdajit import env
+
+    env.use_cache_dir(str(_root(args)))
+    betas = keyspec.split_words(args.beta) or ["bf16"]
+    for beta in betas:
+        if beta not in keys.BETA_DTYPES:
+            raise ValueError(f"--beta {beta!r} is not one of {', '.join(keys.BETA_DTYPES)}")
+    try:
+        return tuning.run_tune(args.shape, betas, args.varlen, args.qg == "on", args.force, args.json,
+                               not args.no_progress)
+    except RuntimeError as e:  # no GPU, a strict-bitwise mismatch: said in one line, not a traceback
+        print(f"kdajit: error: {e}", file=sys.stderr)
+        return 1
+
+
 def _toolchain_filter(args: argparse.Namespace) -> str:
     return "stale" if args.stale else "current" if args.current else "all"
 
@@ -173,6 +191,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="list the kernels and whether they are present")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=_cmd_precompile)
+
+    t = sub.add_parser("tune", parents=[common], help="tune the fused kernel for given shapes (needs a GPU)",
+                       description="Guard (bitwise equality with the reference configuration), time and choose "
+                                   "among the fused kernel's configurations for each shape, and store the "
+                                   "records where `forward` finds them (KDAJIT_AUTOTUNE=cached, the default). "
+                                   "See docs/tuning.md.")
+    t.add_argument("--shape", action="append", required=True,
+                   help="BxTxH (dense, e.g. 2x8192x64) or H:len,len,... (packed sequences); repeatable")
+    t.add_argument("--beta", action="append", help=f"beta dtypes, of {', '.join(keys.BETA_DTYPES)} (default bf16)")
+    t.add_argument("--varlen", choices=("cu32", "cu64"), default="cu32", help="cu_seqlens dtype of H:len shapes")
+    t.add_argument("--qg", choices=("off", "on"), default="off", help="output_qg")
+    t.add_argument("--force", action="store_true", help="re-time every candidate, even ones already recorded")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    t.set_defaults(func=_cmd_tune)
 
     c = sub.add_parser("cache", help="inspect and maintain the kernel cache")
     verbs = c.add_subparsers(dest="verb", required=True)
