@@ -4,8 +4,9 @@
 # Stages: tests (demo + the whole GPU suite), suite (demo + the GPU suite but the fused and FLA-backend
 # files, which have their own stages), fused (fused-kernel GPU tests), bench (bench_forward, every row,
 # with --plot), benchmain (the two main rows, every fused configuration), phases (fused_phases, objects
-# from the tarball), host (bench_host), fla (FLA-backend GPU tests and bench), stress (determinism
-# replays), sanitizer (compute-sanitizer, docs/reliability.md).
+# from the tarball), host (bench_host), tune (kdajit tune at the two tuning-evidence shapes), fla
+# (FLA-backend GPU tests and bench), stress (determinism replays), sanitizer (compute-sanitizer,
+# docs/reliability.md; SANITIZER_TOOLS picks tools).
 # Each stage has its own time limit; logs and JSON go to $OUT (or ./out). The bundle (.gpu) supplies
 # CuTe DSL, TVM-FFI and FLA. `bash benchmarks/h200_precompile.sh` cross-compiles on the CPU machine every
 # kernel the stages need into .gpu-cache/cpu.tar.xz, which saves the compiles here; its toolchain must
@@ -52,26 +53,29 @@ for what in "$@"; do
       stage phases 240 python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases --json "$out/phases.json" ;;
     host)
       stage host 120 python3 benchmarks/bench_host.py ;;
+    tune)  # docs/tuning.md's evidence: every candidate's guard result and time, the winners
+      stage tune 240 python3 -m kdajit tune --shape 2x8192x64 --shape 1x8192x32 --beta bf16,fp32 --no-progress
+      stage tune_ls 30 python3 -m kdajit cache ls --spec fused ;;
     fla)
       stage fla_tests 240 python3 -m pytest -q -m gpu -rfE --durations=8 tests/test_gpu_fla_backend.py
       stage fla_bench 180 python3 benchmarks/bench_fla_backend.py --json "$out/fla_bench.json" ;;
-    stress)
-      stage stress_bf16 420 python3 benchmarks/stress_determinism.py --replays 10000000 --checkpoint 500000 \
-        --beta bf16 --report "$out/stress_bf16.json"
-      stage stress_fp32 120 python3 benchmarks/stress_determinism.py --replays 1000000 --checkpoint 250000 \
-        --beta fp32 --report "$out/stress_fp32.json"
-      stage stress_varlen 120 python3 benchmarks/stress_determinism.py --replays 1000000 --checkpoint 250000 \
-        --varlen --report "$out/stress_varlen.json"
-      stage stress_large 120 python3 benchmarks/stress_determinism.py --replays 10000 --checkpoint 2500 \
-        --batch 2 --tokens 8192 --heads 64 --noise 0.25 --report "$out/stress_large.json" ;;
-    sanitizer)
+    stress)  # each run stops at a checkpoint after --max-seconds; the report says whether it completed
+      stage stress_bf16 280 python3 benchmarks/stress_determinism.py --replays 10000000 --checkpoint 500000 \
+        --beta bf16 --max-seconds 250 --report "$out/stress_bf16.json"
+      stage stress_fp32 80 python3 benchmarks/stress_determinism.py --replays 1000000 --checkpoint 250000 \
+        --beta fp32 --max-seconds 60 --report "$out/stress_fp32.json"
+      stage stress_varlen 80 python3 benchmarks/stress_determinism.py --replays 1000000 --checkpoint 250000 \
+        --varlen --max-seconds 60 --report "$out/stress_varlen.json"
+      stage stress_large 80 python3 benchmarks/stress_determinism.py --replays 10000 --checkpoint 2500 \
+        --batch 2 --tokens 8192 --heads 64 --noise 0.25 --max-seconds 60 --report "$out/stress_large.json" ;;
+    sanitizer)  # SANITIZER_TOOLS picks the tools (default all four); memcheck also runs the hostile cu_seqlens
       export PYTORCH_NO_CUDA_MEMORY_CACHING=1
-      stage memcheck_hostile 240 compute-sanitizer --tool memcheck --error-exitcode 1 \
-        python3 -m pytest -q -m gpu tests/test_gpu_hostile.py -k cu_seqlens
-      for tool in memcheck racecheck initcheck synccheck; do
-        stage "sanitizer_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      for tool in ${SANITIZER_TOOLS:-memcheck racecheck initcheck synccheck}; do
+        [[ $tool == memcheck ]] && stage memcheck_hostile 150 compute-sanitizer --tool memcheck --error-exitcode 1 \
+          python3 -m pytest -q -m gpu tests/test_gpu_hostile.py -k cu_seqlens
+        stage "sanitizer_$tool" "${SANITIZER_LIMIT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 1 \
           python3 -m pytest -q -m gpu tests/test_gpu_forward.py tests/test_gpu_fused.py \
-          -k "empty_sequences or random_varlen or forward_equals or standalone_varlen or a1"
+          -k "empty_sequences or random_varlen or forward_equals or standalone_varlen or c2-head-a1"
       done
       unset PYTORCH_NO_CUDA_MEMORY_CACHING ;;
     *) echo "unknown stage $what"; status=2 ;;
