@@ -198,8 +198,14 @@ def _gpu_lock(device_index: int):
         return None
     import filelock
 
-    lock = filelock.FileLock(str(cache_locks.gpu_lock_file(lock_dir, device_identity(device_index)[2])), mode=0o600)
-    lock.acquire(timeout=env.lock_timeout_s(), poll_interval=0.2)
+    path = cache_locks.gpu_lock_file(lock_dir, device_identity(device_index)[2])
+    lock = filelock.FileLock(str(path), mode=0o600)
+    try:
+        lock.acquire(timeout=env.lock_timeout_s(), poll_interval=0.2)
+    except (filelock.Timeout, OSError) as e:
+        _warn_once("gpu_lock", f"kdajit: cannot take this GPU's tuning lock {path} ({type(e).__name__}: {e}); "
+                               f"timing without it (another process timing at the same time skews both runs)")
+        return None
     return lock
 
 

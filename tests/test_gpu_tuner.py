@@ -58,11 +58,11 @@ def planted_prepare(config, x, out):
     return reversed_k_launcher(x, out) if config == PLANTED else api._fused_launcher(config, x, out)
 
 
-def planted_run(monkeypatch, shape):
+def planted_run(monkeypatch, shape, force=False):
     monkeypatch.setattr(tuner, "candidates", lambda spec: ([REF, PLANTED, PERSISTENT], []))
     spec = api._spec("bf16", "dense", 128, 128, 64, False, torch.cuda.current_device())
     key = tuner.tuning_key(spec, torch.cuda.current_device(), shape.total_tokens, shape.heads, shape.seqs)
-    return tuner.tune(key, shape, planted_prepare)
+    return tuner.tune(key, shape, planted_prepare, force=force)
 
 
 def test_guard_rejects_a_planted_order_changing_candidate(tuning_cache, monkeypatch):
@@ -76,7 +76,7 @@ def test_guard_rejects_a_planted_order_changing_candidate(tuning_cache, monkeypa
     assert record.winner in (REF, PERSISTENT)
     monkeypatch.setenv("KDAJIT_STRICT_BITWISE", "1")
     with pytest.raises(tuner.BitwiseMismatch, match=PLANTED.slug()):
-        planted_run(monkeypatch, shape)
+        planted_run(monkeypatch, shape, force=True)  # force: the stored mismatch is not a guard run
 
 
 @pytest.mark.parametrize("workload", ["dense", "varlen"])

@@ -341,3 +341,41 @@ def test_cache_verify_reports_and_fix_deletes_a_bad_record(cache_root, capsys):
     assert "BAD-RECORD" in capsys.readouterr().out
     assert cli.main(["cache", "verify", "--fix", "--cache-dir", str(cache_root)]) == 0
     assert not (cache_root / path.relpath).exists()
+
+
+def _timing_worker(root: str, locks: str, log: str, go: str) -> None:
+    import os
+    import time as _time
+    from pathlib import Path
+
+    os.environ.update(KDAJIT_CACHE_DIR=root, KDAJIT_LOCK_DIR=locks)
+    tuner.device_identity = lambda index: ("Stand-in GPU", 132, "GPU-standin")  # one shared "GPU"
+    while not Path(go).exists():
+        _time.sleep(0.01)
+
+    def slow_timer(launches):
+        start = _time.time()
+        _time.sleep(0.4)
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {start} {_time.time()}\n")
+        return {c: 1.0 for c in launches}
+
+    tuner.tune(key_of(), SHAPE, standin_prepare(), device_index=0, timer=slow_timer, device=CPU, force=True)
+
+
+def test_processes_sharing_a_gpu_never_time_at_the_same_time(cache_root, tmp_path):
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    log, go = tmp_path / "timing.log", tmp_path / "go"
+    procs = [ctx.Process(target=_timing_worker, args=(str(cache_root), str(tmp_path / "locks"), str(log), str(go)))
+             for _ in range(3)]
+    for p in procs:
+        p.start()
+    go.touch()
+    for p in procs:
+        p.join(120)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    spans = sorted((float(a), float(b)) for _, a, b in (line.split() for line in log.read_text().splitlines()))
+    assert len(spans) == 3
+    assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:])), spans
