@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU work on the project's lent H200 in one device call, as named stages:
 #   bash benchmarks/h200_session.sh STAGE...        (carry .gpu, and .gpu-cache/cpu.tar.xz if present)
-# Stages: tests (demo + the whole GPU suite), suite (demo + the GPU suite but the fused and FLA-backend
+# Stages: tests (demo + the whole GPU suite), core (tests without the FLA-backend file and the
+# FLA-ratio accuracy runs), suite (demo + the GPU suite but the fused and FLA-backend
 # files, which have their own stages), fused (fused-kernel GPU tests), bench (bench_forward, every row,
 # with --plot), benchmain (the two main rows, every fused configuration), phases (fused_phases, objects
 # from the tarball), host (bench_host), tune (kdajit tune at the two tuning-evidence shapes), fla
@@ -38,6 +39,10 @@ for what in "$@"; do
     tests)
       stage demo 120 python3 -m kdajit demo
       stage gpu_tests 420 python3 -m pytest -q -m gpu -rfE --durations=15 tests ;;
+    core)  # the GPU suite but the FLA backend file and the four FLA-ratio accuracy runs (~160 s of FLA time)
+      stage demo 120 python3 -m kdajit demo
+      stage core 300 python3 -m pytest -q -m gpu -rfE --durations=10 tests --ignore=tests/test_gpu_fla_backend.py \
+        -k "not accuracy_within_contract_factor_of_fla" ;;
     suite)
       stage demo 120 python3 -m kdajit demo
       stage suite 330 python3 -m pytest -q -m gpu -rfE --durations=15 tests --ignore=tests/test_gpu_fused.py \
