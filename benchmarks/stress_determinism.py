@@ -10,6 +10,7 @@ land on the SMs in other orders. Method and results: docs/reliability.md. GPU on
 
     python benchmarks/stress_determinism.py --replays 10000000 --tokens 256 --heads 4 --beta bf16
     python benchmarks/stress_determinism.py --replays 1000000 --varlen --lengths 1,63,65,64,200
+    python benchmarks/stress_determinism.py --replays 1000000 --config persistent-c2-head-a1   # a tuner choice
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ import time
 import torch
 
 import kdajit
-from kdajit import reference
+from kdajit import api, reference
+from kdajit.keys import FUSED_CONFIG_SPACE
 from kdajit.outputs import BETA_TORCH_DTYPES
 
 FIELDS = ("Aqk", "Akk", "w", "u", "kg", "qg")
@@ -45,6 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--noise-mib", type=int, default=1024, help="size of each noise copy in MiB")
     p.add_argument("--noise-every", type=int, default=16, help="replays per noise copy enqueued")
     p.add_argument("--max-seconds", type=float, default=None, help="stop at the first checkpoint after this time")
+    p.add_argument("--config", default=None, choices=[c.slug() for c in FUSED_CONFIG_SPACE],
+                   help="fused configuration the graph runs (default: what forward picks, the tuner's choice)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report", default="stress_determinism.json", help="JSON report path")
     return p.parse_args(argv)
@@ -88,7 +92,13 @@ def static_outputs(x) -> tuple[torch.Tensor, kdajit.ForwardOutput]:
     return flat, kdajit.ForwardOutput(*views)
 
 
+CONFIG = None  # --config: the fused configuration every forward of this run uses
+
+
 def forward(x, cu, out=None):
+    if CONFIG is not None:
+        return api._forward(x["q"], x["k"], x["v"], x["gk"], x["beta"], None, cu, 64, True, True, out,
+                            fused_config=CONFIG)
     return kdajit.forward(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=True, out=out)
 
 
@@ -116,7 +126,9 @@ def capture(x, cu, flat, out, ref_bits, counter) -> torch.cuda.CUDAGraph:
 
 
 def main(argv=None) -> int:
+    global CONFIG
     args = parse_args(argv)
+    CONFIG = next((c for c in FUSED_CONFIG_SPACE if c.slug() == args.config), None)
     if not torch.cuda.is_available():
         sys.exit("stress_determinism needs a CUDA GPU")
     x, cu = make_problem(args)
@@ -141,7 +153,8 @@ def main(argv=None) -> int:
     report = dict(device=torch.cuda.get_device_name(), capability=list(torch.cuda.get_device_capability()),
                   shape=dict(B=x["q"].shape[0], T=x["q"].shape[1], H=args.heads, K=x["q"].shape[-1],
                              V=x["v"].shape[-1]),
-                  beta_dtype=args.beta, mode="varlen" if args.varlen else "dense",
+                  beta_dtype=args.beta, config=args.config or "forward's choice",
+                  mode="varlen" if args.varlen else "dense",
                   lengths=[int(n) for n in args.lengths.split(",")] if args.varlen else None,
                   seed=args.seed, commit=commit(), torch=torch.__version__, iterations=0, noisy_iterations=0,
                   mismatches=0, seconds=0.0, replays_per_s=0.0, complete=False)

@@ -144,7 +144,8 @@ def _typed(value, kind, what: str):
 
 
 def parse_manifest(data: bytes, src: Path) -> tuple[dict, list[dict], list[dict]]:
-    """(toolchains, entries, tuning records) of a bundle manifest, every field's JSON type checked; ValueError otherwise."""
+    """(toolchains, entries, tuning records) of a bundle manifest, every field's JSON type checked;
+    ValueError otherwise."""
     try:
         manifest = parse_json(data)
     except ValueError as e:

@@ -1,7 +1,8 @@
 """kdajit: JIT-compiled, disk-cached CuTe DSL kernels for the forward intra stage of Kimi Delta Attention.
 
 Public API: `forward`, `intra`, `recompute_w_u`, `chunk_kda_fwd_intra` (FLA's signature),
-`ForwardOutput`, and the tuner's `tune` and `share_tuning_records` (docs/tuning.md). `kdajit.reference` holds the PyTorch reference. Importing kdajit does not import
+`ForwardOutput`, and the tuner's `tune` and `share_tuning_records` (docs/tuning.md).
+`kdajit.reference` holds the PyTorch reference. Importing kdajit does not import
 CuTe DSL; the first call of a specialization does.
 """
 from kdajit.api import chunk_kda_fwd_intra, forward, intra, recompute_w_u, tune

@@ -235,9 +235,9 @@ def tune(batch: int, tokens: int, heads: int, *, beta_dtype: str = "bf16", varle
     """Tune the fused kernel for one specialization and workload on this GPU, and store the record.
 
     The workload is dense [batch, tokens] with `heads` heads or, for varlen "cu32"/"cu64", the
-    sequences `lengths` packed together (batch must be 1; `tokens` is then their sum and ignored). Every candidate configuration is first
-    proven bitwise equal to the reference configuration on the tuning inputs and edge-case probes;
-    only those are timed; the winner (ties within 1% go to the earlier configuration) is stored for
+    sequences `lengths` packed together (batch must be 1; `tokens` is then their sum and ignored).
+    Every candidate configuration is first proven bitwise equal to the reference configuration on
+    the tuning inputs and edge-case probes; only those are timed; the winner (ties within 1% go to the earlier configuration) is stored for
     the workload's bucket, where `forward` finds it (KDAJIT_AUTOTUNE=cached, the default). Already
     timed candidates are kept unless `force`. Returns the record (`kdajit cache ls` lists it).
     """
