@@ -57,17 +57,20 @@ def print_record(record: tune_records.TuningRecord, where: str = "") -> None:
 def run_tune(shapes: list[str], betas: list[str], varlen: str, output_qg: bool, force: bool, as_json: bool,
              progress: bool) -> int:
     import kdajit
+    from kdajit import env
+
+    if env.cache_mode() != "rw":
+        print(f"kdajit: warning: KDAJIT_CACHE={env.cache_mode()}: the records are kept by this process only, not "
+              f"stored", file=sys.stderr)
 
     docs = []
     for beta in betas:
         for text in shapes:
             shape = parse_shape(text)
             mode = varlen if shape["lengths"] is not None else "dense"
-            if shape["lengths"] is not None and varlen == "dense":
-                mode = "cu32"
             if not as_json:
                 print(f"tuning {beta} beta, {mode}, shape {text}, output_qg={output_qg}", file=sys.stderr)
-            record = kdajit.tune(shape["batch"], shape["tokens"] or 1, shape["heads"], beta_dtype=beta,
+            record = kdajit.tune(shape["batch"], shape["tokens"], shape["heads"], beta_dtype=beta,
                                  varlen=mode, lengths=shape["lengths"], output_qg=output_qg, force=force,
                                  progress=_bar if progress and not as_json else None)
             docs.append(record.to_json())

@@ -49,11 +49,19 @@ def _kernels(problem, chunk: int, output_qg: bool, device_index: int, *, intra: 
                          f"(arch {spec.arch}, KDAJIT_FORWARD_ROUTE={env.forward_route()}); expected a call of the "
                          f"fused route")
     if fused_route:
-        if fused_config is None:
-            fused_config = tuner.config_for(spec, device_index, problem.batch * problem.tokens, problem.heads, seqs,
-                                            _fused_launcher, shape)
+        tuned = fused_config is None
+        if tuned:
+            tokens = problem.batch * problem.tokens
+            fused_config = tuner.config_for(spec, device_index, tokens, problem.heads, seqs, _fused_launcher, shape)
         key = spec.fused_key(fused_config)
-        fused, = cache.get_kernels((key,))
+        try:
+            fused, = cache.get_kernels((key,))
+        except cache.KernelNotCached:  # KDAJIT_DISABLE_JIT and a record whose winner was never shipped
+            if not tuned or fused_config == FusedConfig():
+                raise
+            tuner.demote(spec, device_index, tokens, problem.heads, seqs, f"{cache.describe(key)} is not cached")
+            key = spec.fused_key()
+            fused, = cache.get_kernels((key,))
         max_ctas = _sm_count(device_index) * key.config.ctas_per_sm if key.config.persistent else 1
         return _Kernels(None, None, None, fused, max_ctas)
     wanted = (spec.intra_key(), spec.inverse_key()) * intra + (spec.recompute_key(),) * recompute
@@ -250,12 +258,14 @@ def tune(batch: int, tokens: int, heads: int, *, beta_dtype: str = "bf16", varle
     for name, value in sizes:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive int")
-    if lengths is not None and (not all(isinstance(n, int) and n >= 0 for n in lengths) or sum(lengths) < 1):
+    if lengths is not None and (not all(type(n) is int and n >= 0 for n in lengths) or sum(lengths) < 1):
         raise ValueError(f"lengths={lengths!r} must be ints >= 0 with a positive sum")
     if not torch.cuda.is_available():
         raise RuntimeError("kdajit.tune needs a CUDA GPU: it times the kernels on the GPU the records are for "
                            "(`kdajit precompile` works without one)")
-    device_index = torch.cuda.current_device() if device is None else int(device)
+    if device is not None and (type(device) is not int or not 0 <= device < torch.cuda.device_count()):
+        raise ValueError(f"device={device!r} must be a CUDA device index in [0, {torch.cuda.device_count()})")
+    device_index = torch.cuda.current_device() if device is None else device
     spec = _spec(beta_dtype, varlen, head_k, head_v, chunk_size, bool(output_qg), device_index)
     if not spec.uses_fused or env.forward_route() != "auto":
         raise ValueError(f"nothing to tune on arch {spec.arch} with KDAJIT_FORWARD_ROUTE={env.forward_route()}: "

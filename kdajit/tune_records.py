@@ -11,6 +11,7 @@ today's space, is refused with the reason, never half-used.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import re
 from dataclasses import dataclass, field
@@ -27,8 +28,31 @@ MAX_RECORD_BYTES = 1 << 20
 GUARD_RESULTS = ("ok", "mismatch", "unbuildable")
 
 
-def _pow2_ceil(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
+def pow2_ceil(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _exact(value, kind: type, what: str):
+    """`value` if its type is exactly `kind` (so 2.0 or True never stand in for 2), else ValueError."""
+    if type(value) is not kind:
+        raise ValueError(f"{what}={value!r} must be a {kind.__name__}")
+    return value
+
+
+def config_from_json(d: object) -> FusedConfig:
+    """The configuration of the space that `d` spells exactly (field names and types), else ValueError."""
+    if not isinstance(d, dict):
+        raise ValueError(f"config={d!r} must be an object")
+    fields = {f.name: f.type for f in dataclasses.fields(FusedConfig)}
+    if set(d) != set(fields):
+        raise ValueError(f"config fields {sorted(d)}; expected {sorted(fields)}")
+    defaults = dataclasses.asdict(FusedConfig())
+    config = FusedConfig(**{name: _exact(d[name], type(defaults[name]), f"config.{name}") for name in fields})
+    for member in FUSED_CONFIG_SPACE:
+        if member == config:
+            return member
+    raise ValueError(f"config {config.slug()} is not in today's configuration space")
 
 
 @dataclass(frozen=True)
@@ -42,7 +66,7 @@ class WorkloadBucket:
 
     @classmethod
     def of(cls, tokens: int, heads: int, seqs: int) -> WorkloadBucket:
-        return cls(_pow2_ceil(tokens), int(heads), _pow2_ceil(seqs))
+        return cls(pow2_ceil(tokens), heads, pow2_ceil(seqs))
 
     def slug(self) -> str:
         return f"t{self.tokens}-h{self.heads}-s{self.seqs}"
@@ -71,7 +95,15 @@ class TuningKey:
 
     @classmethod
     def from_json(cls, d: dict) -> TuningKey:
-        return cls(ForwardSpec(**d["spec"]), str(d["device"]), int(d["sms"]), WorkloadBucket(**d["bucket"]))
+        spec = {f.name: _exact(d["spec"][f.name], type(getattr(_SPEC_TYPES, f.name)), f"spec.{f.name}")
+                for f in dataclasses.fields(ForwardSpec)}
+        bucket = {f.name: _exact(d["bucket"][f.name], int, f"bucket.{f.name}")
+                  for f in dataclasses.fields(WorkloadBucket)}
+        return cls(ForwardSpec(**spec), _exact(d["device"], str, "device"), _exact(d["sms"], int, "sms"),
+                   WorkloadBucket(**bucket))
+
+
+_SPEC_TYPES = ForwardSpec("bf16", "dense", 128, 128, 64, False, "sm_90a")  # the type of each spec field
 
 
 @dataclass
@@ -95,7 +127,9 @@ class CandidateResult:
         if guard not in GUARD_RESULTS:
             raise ValueError(f"guard={guard!r}; expected one of {GUARD_RESULTS}")
         ms = d.get("ms")
-        return cls(FusedConfig(**d["config"]), guard, str(d.get("detail", "")), None if ms is None else float(ms))
+        if ms is not None and (type(ms) not in (int, float) or not ms > 0):
+            raise ValueError(f"ms={ms!r} must be a positive number or null")
+        return cls(config_from_json(d["config"]), guard, _exact(d.get("detail", ""), str, "detail"), ms)
 
 
 @dataclass
@@ -129,19 +163,22 @@ class TuningRecord:
 
     @classmethod
     def from_json(cls, d: object) -> TuningRecord:
-        """Parse a record; ValueError naming what is wrong (unknown format, fields, or a winner that
-        is not an "ok" candidate of today's configuration space)."""
-        if not isinstance(d, dict) or d.get("format") != FORMAT or d.get("schema") != SCHEMA:
-            raise ValueError(f"not a {FORMAT} of schema {SCHEMA}")
+        """Parse a record; ValueError naming what is wrong (unknown format, fields or types, a
+        configuration outside today's space, or a winner that is not an "ok" candidate)."""
+        found = (d.get("format"), d.get("schema")) if isinstance(d, dict) else type(d).__name__
+        if not isinstance(d, dict) or found != (FORMAT, SCHEMA):
+            raise ValueError(f"not a {FORMAT} of schema {SCHEMA} (found {found!r})")
         try:
-            record = cls(TuningKey.from_json(d["key"]), str(d["toolchain"]),
-                         [CandidateResult.from_json(c) for c in d["candidates"]], FusedConfig(**d["winner"]),
-                         FusedConfig(**d["reference"]), dict(d.get("shape") or {}), str(d.get("created_at", "")))
+            candidates = [CandidateResult.from_json(c) for c in d["candidates"]]
+            record = cls(TuningKey.from_json(d["key"]), _exact(d["toolchain"], str, "toolchain"), candidates,
+                         config_from_json(d["winner"]), config_from_json(d["reference"]),
+                         dict(d.get("shape") or {}), str(d.get("created_at", "")))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"malformed record ({type(e).__name__}: {e})") from None
         won = record.result(record.winner)
-        if record.winner not in FUSED_CONFIG_SPACE or won is None or won.guard != "ok":
-            raise ValueError(f"winner {record.winner.slug()} is not a guarded candidate of the configuration space")
+        if record.reference != FUSED_CONFIG_SPACE[0] or won is None or won.guard != "ok" or won.ms is None:
+            raise ValueError(f"winner {record.winner.slug()} is not a guarded, timed candidate (or the reference is "
+                             f"not {FUSED_CONFIG_SPACE[0].slug()})")
         return record
 
 
@@ -149,24 +186,30 @@ def record_relpath(key: TuningKey, fingerprint: str) -> str:
     return cache_layout.record_relpath(key.spec.fused_key().spec_slug(), key.name(), key.spec.arch, fingerprint)
 
 
-def read_record(root: Path, key: TuningKey, fingerprint: str) -> TuningRecord | None:
-    """The record for `key` under `root`, None when there is none; ValueError (or an OSError from the
-    file checks: another user's file, a link, oversized) when one is there but cannot be used."""
-    relpath = record_relpath(key, fingerprint)
-    path = root / relpath
-    try:
-        problem = cache_files.unsafe_dirs(root, cache_layout.parse_record_relpath(relpath).parent_relpath)
-    except FileNotFoundError:
-        return None
+def _read_checked(root: Path, relpath: str) -> TuningRecord:
+    """Parse the record file `root/relpath` after the cache's trust checks (the root and every directory
+    down to the file ours and private, the file a regular one of ours, bounded). Raises
+    FileNotFoundError, cache_files.UnsafeFile (an OSError) or ValueError."""
+    problem = cache_files.root_problem(root)
     if problem:
-        raise cache_files.UnsafeFile(1, problem, str(path))
+        raise cache_files.UnsafeFile(errno.EPERM, problem, str(root))
+    problem = cache_files.unsafe_dirs(root, cache_layout.parse_record_relpath(relpath).parent_relpath)
+    if problem:
+        raise cache_files.UnsafeFile(errno.EPERM, problem, str(root / relpath))
+    return TuningRecord.from_json(parse_json(cache_files.read_regular(root / relpath, MAX_RECORD_BYTES)))
+
+
+def read_record(root: Path, key: TuningKey, fingerprint: str) -> TuningRecord | None:
+    """The record for `key` under `root`, None when there is none; ValueError or OSError (another
+    user's file or directory, a link, oversized, malformed) when one is there but cannot be used."""
+    relpath = record_relpath(key, fingerprint)
     try:
-        data = cache_files.read_regular(path, MAX_RECORD_BYTES)
+        record = _read_checked(root, relpath)
     except FileNotFoundError:
         return None
-    record = TuningRecord.from_json(parse_json(data))
     if record.key != key or record.toolchain != fingerprint:
-        raise ValueError(f"{path} holds the record of another key")
+        raise ValueError(f"{root / relpath} holds the record of {record.key.name()} (tc-{record.toolchain}), "
+                         f"not of {key.name()} (tc-{fingerprint})")
     return record
 
 
@@ -181,8 +224,4 @@ def write_record(root: Path, record: TuningRecord) -> Path:
 
 def load_record_file(root: Path, relpath: str) -> TuningRecord:
     """A record found by a listing (`cache_layout.record_paths`), parsed; raises like `read_record`."""
-    where = cache_layout.parse_record_relpath(relpath)
-    problem = cache_files.unsafe_dirs(root, where.parent_relpath)
-    if problem:
-        raise cache_files.UnsafeFile(1, problem, str(root / relpath))
-    return TuningRecord.from_json(parse_json(cache_files.read_regular(root / relpath, MAX_RECORD_BYTES)))
+    return _read_checked(root, relpath)

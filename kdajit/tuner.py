@@ -20,6 +20,7 @@ adopt one rank's records; nothing in `forward` ever talks to other ranks.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -67,7 +68,9 @@ class TuneShape:
         return sum(self.lengths) if self.lengths is not None else self.batch * self.tokens
 
 
-_CHOICES: dict[tuple, FusedConfig] = {}  # (spec, device index, B*T, H, sequences) -> configuration
+# (spec, device index, tokens rounded up to a power of two, H, sequences rounded up) -> configuration: one
+# entry per workload bucket, hits and misses alike, so a new length in a known bucket costs one dict lookup.
+_CHOICES: dict[tuple, FusedConfig] = {}
 _RECORDS: dict[TuningKey, TuningRecord] = {}  # records this process read, tuned or adopted
 _FORCED: set[TuningKey] = set()
 _WARNED: set[str] = set()
@@ -106,7 +109,10 @@ def tuning_key(spec: ForwardSpec, device_index: int, tokens: int, heads: int, se
 
 
 def _roots() -> list[tuple[Path, bool]]:
-    """(root, writable) of every cache layer, in search order: the writable root, then KDAJIT_CACHE_RO_DIRS."""
+    """(root, writable) of every cache layer, in search order: the writable root, then KDAJIT_CACHE_RO_DIRS;
+    none with KDAJIT_CACHE=off."""
+    if env.cache_mode() == "off":
+        return []
     layers = []
     root = cache_layout.cache_root()
     if root is not None:
@@ -118,8 +124,6 @@ def _roots() -> list[tuple[Path, bool]]:
 def _read_disk(key: TuningKey, first_only: bool = False) -> TuningRecord | None:
     fp = toolchain_fingerprint()
     for root, _ in _roots()[:1] if first_only else _roots():
-        if cache_files.root_problem(root):
-            continue
         try:
             record = tune_records.read_record(root, key, fp)
         except (OSError, ValueError) as e:
@@ -160,11 +164,15 @@ def may_tune() -> bool:
     return not (torch.compiler.is_compiling() or capturing)
 
 
+def _memo_key(spec: ForwardSpec, device_index: int, tokens: int, heads: int, seqs: int) -> tuple:
+    return spec, device_index, tune_records.pow2_ceil(tokens), heads, tune_records.pow2_ceil(seqs)
+
+
 def config_for(spec: ForwardSpec, device_index: int, tokens: int, heads: int, seqs: int,
                prepare: tune_guard.Prepare, shape: Callable[[], TuneShape]) -> FusedConfig:
-    """The fused configuration a call runs (the hot path: one dict lookup after the first call of a
-    workload); `prepare` and `shape` are used only when this call has to tune (mode on/force)."""
-    choice = _CHOICES.get((spec, device_index, tokens, heads, seqs))
+    """The fused configuration a call runs (the hot path: one dict lookup once its workload bucket has
+    been seen); `prepare` and `shape` are used only when this call has to tune (mode on/force)."""
+    choice = _CHOICES.get(_memo_key(spec, device_index, tokens, heads, seqs))
     if choice is not None:
         return choice
     return _config_slow(spec, device_index, tokens, heads, seqs, prepare, shape)
@@ -172,20 +180,37 @@ def config_for(spec: ForwardSpec, device_index: int, tokens: int, heads: int, se
 
 def _config_slow(spec, device_index, tokens, heads, seqs, prepare, shape) -> FusedConfig:
     with _LOCK:
+        memo = _memo_key(spec, device_index, tokens, heads, seqs)
         mode = env.autotune_mode()
-        if mode == "off":
-            _CHOICES[(spec, device_index, tokens, heads, seqs)] = REFERENCE
+        if mode == "off" or tokens == 0:  # an empty call launches nothing: nothing to time
+            _CHOICES[memo] = REFERENCE
             return REFERENCE
         key = tuning_key(spec, device_index, tokens, heads, seqs)
         record = find_record(key)
-        wants = mode == "force" and key not in _FORCED or mode == "on" and _missing(record)
+        wants = mode == "force" and key not in _FORCED or mode == "on" and key not in _FORCED and _missing(record)
         if wants and not may_tune():
             return record.winner if record else REFERENCE  # not memoized: a later plain call may tune
         if wants:
-            record = tune(key, shape(), prepare, force=mode == "force", device_index=device_index)
+            try:
+                record = tune(key, shape(), prepare, force=mode == "force", device_index=device_index)
+            except BitwiseMismatch:
+                raise
+            except Exception as e:  # noqa: BLE001 - a failed tuning run must not fail the call
+                _FORCED.add(key)
+                _warn_once(f"failed:{key}", f"kdajit: tuning {key.name()} failed ({type(e).__name__}: {e}); "
+                                            f"using {'its stored record' if record else 'the reference configuration'}")
         config = record.winner if record else REFERENCE
-        _CHOICES[(spec, device_index, tokens, heads, seqs)] = config
+        _CHOICES[memo] = config
         return config
+
+
+def demote(spec: ForwardSpec, device_index: int, tokens: int, heads: int, seqs: int, why: str) -> None:
+    """Run the reference configuration for this workload bucket from now on in this process (the chosen
+    configuration's kernel cannot be had: `why`)."""
+    with _LOCK:
+        _CHOICES[_memo_key(spec, device_index, tokens, heads, seqs)] = REFERENCE
+        _warn_once(f"demote:{spec}", f"kdajit: the tuned configuration of {spec.fused_key().spec_slug()} cannot be "
+                                     f"used ({why}); running the reference configuration")
 
 
 def _gpu_lock(device_index: int):
@@ -216,23 +241,28 @@ def tune(key: TuningKey, shape: TuneShape, prepare: tune_guard.Prepare, *, force
 
     Candidates already in the key's record keep their results unless `force`; the reference and the
     previous winner are timed again beside any new candidate. Raises BitwiseMismatch for a differing
-    candidate with KDAJIT_STRICT_BITWISE=1, and ValueError when called where tuning is not allowed.
+    candidate with KDAJIT_STRICT_BITWISE=1, and RuntimeError when called where tuning is not allowed.
     `timer` and `device` (where the inputs live) are for stand-in kernels in the CPU tests.
     """
     if not may_tune():
-        raise ValueError("kdajit cannot tune while a CUDA graph is being captured or torch.compile traces; "
+        raise RuntimeError("kdajit cannot tune while a CUDA graph is being captured or torch.compile traces; "
                          "tune ahead of time (`kdajit tune`, kdajit.tune) and replay with the record")
     device_index = torch.cuda.current_device() if device_index is None else device_index
     device = torch.device("cuda", device_index) if device is None else device
-    with _LOCK:
+    on_device = torch.cuda.device(device_index) if device.type == "cuda" else contextlib.nullcontext()
+    with _LOCK, on_device:  # events and synchronisation on the GPU being tuned
         lock = _gpu_lock(device_index)
         try:
             previous = None if force else _read_disk(key, first_only=True) or find_record(key)
-            record = _tune_locked(key, shape, prepare, previous, device, progress or (lambda *_: None), timer)
+            if previous is not None and not _missing(previous):
+                _remember(previous)  # another process tuned this key while we waited for the GPU
+                record = previous
+            else:
+                record = _tune_locked(key, shape, prepare, previous, device, progress or (lambda *_: None), timer)
+                _store(record)  # before the lock goes: the next process re-reads and adopts it
         finally:
             if lock is not None:
                 lock.release()
-        _store(record)
         _FORCED.add(key)
         return record
 
@@ -252,8 +282,13 @@ def _tune_locked(key, shape, prepare, previous, device, progress, timer) -> Tuni
     results: dict[FusedConfig, CandidateResult] = {}
     for i, config in enumerate(todo):
         progress(i, 2 * len(todo), f"guard {config.slug()}")
-        detail = None if config == REFERENCE else tune_guard.guard(prepare, config, problems, expected,
-                                                                   spec.output_qg, spec.chunk)
+        try:
+            detail = None if config == REFERENCE else tune_guard.guard(prepare, config, problems, expected,
+                                                                       spec.output_qg, spec.chunk)
+        except Exception as e:  # noqa: BLE001 - e.g. KDAJIT_DISABLE_JIT and its kernel not cached: retried later
+            _warn_once(f"skipped:{spec}:{config}", f"kdajit: tuning candidate {config.slug()} could not run "
+                                                   f"({type(e).__name__}: {e}); left out of this record")
+            continue
         if detail is None:
             results[config] = CandidateResult(config, "ok")
             continue
@@ -263,14 +298,14 @@ def _tune_locked(key, shape, prepare, previous, device, progress, timer) -> Tuni
         if env.strict_bitwise():
             raise BitwiseMismatch(message + " (KDAJIT_STRICT_BITWISE=1)")
         _warn_once(f"mismatch:{spec}:{config}", message)
-    passed = [c for c in todo if results[c].guard == "ok"]
+    passed = [c for c in todo if c in results and results[c].guard == "ok"]
     progress(len(todo), 2 * len(todo), f"time {len(passed)} candidates on {len(tuning)} input set(s)")
     outs = [tune_guard.poisoned_outputs(x, spec.output_qg, spec.chunk) for _, x in tuning]
     times = timer({c: [prepare(c, x, out) for (_, x), out in zip(tuning, outs)] for c in passed})
     for c in passed:
         results[c].ms = round(float(times[c]), 5)
     progress(2 * len(todo), 2 * len(todo), f"done in {time.perf_counter() - t0:.1f} s")
-    every = [results.get(c) or kept[c] for c in buildable]
+    every = [results.get(c) or kept[c] for c in buildable if c in results or c in kept]
     every += [CandidateResult(c, "unbuildable", "pruned: does not fit this specialization") for c in pruned]
     timed = {r.config: r.ms for r in every if r.guard == "ok" and r.ms is not None}
     winner = tune_timing.choose(list(FUSED_CONFIG_SPACE), timed)
@@ -285,10 +320,15 @@ def _input_sets(shape: TuneShape, spec: ForwardSpec, device: torch.device) -> in
     return tune_timing.input_sets_needed(elems * per_token, l2)
 
 
+def _remember(record: TuningRecord) -> None:
+    """Use `record` in this process from now on."""
+    _RECORDS[record.key] = record
+    _CHOICES.clear()  # memoized choices of its bucket may have changed
+
+
 def _store(record: TuningRecord) -> None:
     """Keep `record` for this process and publish it in the writable cache root (warned if that fails)."""
-    _RECORDS[record.key] = record
-    _CHOICES.clear()  # memoized choices of this bucket may have changed
+    _remember(record)
     roots = _roots()
     if not roots or not roots[0][1]:
         return
@@ -324,11 +364,14 @@ def share_records(group=None, src: int = 0) -> int:
     writable cache root, so ranks never disagree on a configuration and `forward` never communicates."""
     import torch.distributed as dist
 
-    payload = [[r.to_json() for r in records_of_toolchain()] if dist.get_rank(group) == src else None]
-    dist.broadcast_object_list(payload, src=src, group=group)
-    if dist.get_rank(group) == src:
-        return len(payload[0])
+    rank = dist.get_rank(group)
+    sender = dist.get_global_rank(group, src) if group is not None else src
+    payload = [[r.to_json() for r in records_of_toolchain()] if rank == src else None]
+    dist.broadcast_object_list(payload, src=sender, group=group)
+    records = [TuningRecord.from_json(doc) for doc in payload[0]]  # all parse, or none is adopted
     with _LOCK:
-        for doc in payload[0]:
-            _store(TuningRecord.from_json(doc))
-    return len(payload[0])
+        for record in records:
+            if rank != src:
+                _store(record)
+            _FORCED.add(record.key)  # every rank keeps these, in force mode too
+    return len(records)

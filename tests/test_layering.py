@@ -38,6 +38,18 @@ def test_cache_does_not_import_the_api_or_the_tools():
     assert len(RUNTIME_CACHE) >= 8, RUNTIME_CACHE
     for name in RUNTIME_CACHE + ["compiler.py", "keys.py", "env.py"]:
         mods = imported_modules(ROOT / "kdajit" / name)
+        upward = ("kdajit.api", "kdajit.cli", "kdajit.cache_tools", "kdajit.tuner", "kdajit.tune_")
+        assert not {m for m in mods if m.startswith(upward)}, name
+
+
+TUNER = sorted(p.name for p in (ROOT / "kdajit").glob("tune*.py"))
+
+
+def test_tuner_sits_between_the_api_and_the_cache():
+    # API -> tuner -> cache: the tuner's modules never import the API, the CLI or the tools.
+    assert TUNER == ["tune_guard.py", "tune_records.py", "tune_timing.py", "tuner.py"], TUNER
+    for name in TUNER:
+        mods = imported_modules(ROOT / "kdajit" / name)
         assert not {m for m in mods if m.startswith(("kdajit.api", "kdajit.cli", "kdajit.cache_tools"))}, name
 
 

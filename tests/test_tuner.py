@@ -194,7 +194,7 @@ def test_no_tuning_while_capturing_or_compiling(cache_root, monkeypatch):
     monkeypatch.setattr(tuner, "may_tune", lambda: False)
     never = lambda *a: pytest.fail("must not tune while capturing")  # noqa: E731
     assert tuner.config_for(SPEC, 0, 128, 2, 1, never, never) == REF
-    with pytest.raises(ValueError, match="captured"):
+    with pytest.raises(RuntimeError, match="captured"):
         run_tune(standin_prepare())
 
 
@@ -214,10 +214,16 @@ def test_malformed_or_foreign_records_are_refused_with_the_reason(cache_root):
     doc = record.to_json()
     with pytest.raises(ValueError, match="not a kdajit-tuning-record"):
         TuningRecord.from_json({**doc, "schema": 99})
-    with pytest.raises(ValueError, match="not a guarded candidate"):
+    with pytest.raises(ValueError, match="not in today's configuration space"):
         TuningRecord.from_json({**doc, "winner": dataclasses.asdict(FusedConfig(True, 4, "head", 0))})
+    # Equal to a space member under ==, but another kernel's cache path: refused, never half-used.
+    loose = {"persistent": 1, "ctas_per_sm": 2.0, "raster": "chunk", "loads_ahead": 0}
+    with pytest.raises(ValueError, match="config.persistent=1 must be a bool"):
+        TuningRecord.from_json({**doc, "winner": loose})
+    with pytest.raises(ValueError, match="spec.head_k=128.0 must be a int"):
+        TuningRecord.from_json({**doc, "key": {**doc["key"], "spec": {**doc["key"]["spec"], "head_k": 128.0}}})
     mismatch = [dict(c, guard="mismatch") if c["slug"] == record.winner.slug() else c for c in doc["candidates"]]
-    with pytest.raises(ValueError, match="not a guarded candidate"):
+    with pytest.raises(ValueError, match="not a guarded, timed candidate"):
         TuningRecord.from_json({**doc, "candidates": mismatch})
     with pytest.raises(ValueError, match="malformed"):
         TuningRecord.from_json({**doc, "candidates": [{"config": {"persistent": True, "bogus": 1}}]})
@@ -343,7 +349,7 @@ def test_cache_verify_reports_and_fix_deletes_a_bad_record(cache_root, capsys):
     assert not (cache_root / path.relpath).exists()
 
 
-def _timing_worker(root: str, locks: str, log: str, go: str) -> None:
+def _timing_worker(root: str, locks: str, log: str, go: str, force: bool) -> None:
     import os
     import time as _time
     from pathlib import Path
@@ -360,16 +366,19 @@ def _timing_worker(root: str, locks: str, log: str, go: str) -> None:
             f.write(f"{os.getpid()} {start} {_time.time()}\n")
         return {c: 1.0 for c in launches}
 
-    tuner.tune(key_of(), SHAPE, standin_prepare(), device_index=0, timer=slow_timer, device=CPU, force=True)
+    tuner.tune(key_of(), SHAPE, standin_prepare(), device_index=0, timer=slow_timer, device=CPU, force=force)
 
 
-def test_processes_sharing_a_gpu_never_time_at_the_same_time(cache_root, tmp_path):
+@pytest.mark.parametrize("force", [True, False], ids=["force", "adopt"])
+def test_processes_sharing_a_gpu_never_time_at_the_same_time(cache_root, tmp_path, force):
+    # force: each process times, one after another. Without force, the first one to hold the GPU's
+    # lock times and stores the record before letting go; the others re-read it and adopt it.
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     log, go = tmp_path / "timing.log", tmp_path / "go"
-    procs = [ctx.Process(target=_timing_worker, args=(str(cache_root), str(tmp_path / "locks"), str(log), str(go)))
-             for _ in range(3)]
+    procs = [ctx.Process(target=_timing_worker, args=(str(cache_root), str(tmp_path / "locks"), str(log), str(go),
+                                                      force)) for _ in range(3)]
     for p in procs:
         p.start()
     go.touch()
@@ -377,5 +386,91 @@ def test_processes_sharing_a_gpu_never_time_at_the_same_time(cache_root, tmp_pat
         p.join(120)
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
     spans = sorted((float(a), float(b)) for _, a, b in (line.split() for line in log.read_text().splitlines()))
-    assert len(spans) == 3
+    assert len(spans) == (3 if force else 1)
     assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:])), spans
+
+
+def test_new_lengths_in_a_seen_bucket_cost_one_lookup_hits_and_misses_alike(cache_root, monkeypatch):
+    reads = []
+    real = tune_records.read_record
+    monkeypatch.setattr(tune_records, "read_record", lambda *a: reads.append(a) or real(*a))
+    never = lambda *a: pytest.fail("cached mode must not tune")  # noqa: E731
+    for tokens in range(1025, 2049):  # one bucket (2048 tokens), no record: the miss is remembered too
+        assert tuner.config_for(SPEC, 0, tokens, 4, 1, never, never) == REF
+    assert len(reads) == 1 and len(tuner._CHOICES) == 1
+
+
+def test_a_failing_tuning_run_never_fails_the_call(cache_root, monkeypatch):
+    monkeypatch.setenv("KDAJIT_AUTOTUNE", "on")
+    monkeypatch.setattr(tuner.tune, "__kwdefaults__", {**tuner.tune.__kwdefaults__, "timer": fake_timer({}),
+                                                       "device": CPU})
+
+    def broken(config, x, out):
+        raise RuntimeError("out of memory (stand-in)")
+    args = (SPEC, 0, SHAPE.total_tokens, SHAPE.heads, SHAPE.seqs, broken, lambda: SHAPE)
+    with pytest.warns(tuner.KdajitTuningWarning, match="tuning .* failed .*out of memory"):
+        assert tuner.config_for(*args) == REF
+    assert tuner.config_for(*args) == REF  # remembered: not retried on every call
+
+
+def test_a_candidate_that_cannot_run_is_left_out_and_retried_later(cache_root):
+    skipped = FUSED_CONFIG_SPACE[2]
+    prepare = standin_prepare()
+
+    def prepare_without_one(config, x, out):
+        if config == skipped:
+            raise RuntimeError("kernel not cached (stand-in for KDAJIT_DISABLE_JIT)")
+        return prepare(config, x, out)
+    with pytest.warns(tuner.KdajitTuningWarning, match=f"{skipped.slug()} could not run"):
+        record = run_tune(prepare_without_one)
+    assert record.result(skipped) is None and tuner._missing(record)
+    again = run_tune(prepare)  # the record lacks it: this run times it (beside the reference and winner)
+    assert again.result(skipped).guard == "ok"
+
+
+def test_records_of_an_untrusted_layer_are_never_read_listed_or_shared(cache_root, tmp_path, monkeypatch):
+    record = run_tune(standin_prepare(), {FUSED_CONFIG_SPACE[6]: 0.5})
+    layer = tmp_path / "shared-layer"
+    tune_records.write_record(layer, record)
+    layer.chmod(0o777)  # anyone could have planted what is in it
+    (own,) = list(cache_layout.record_paths(cache_root))
+    (cache_root / own.relpath).unlink()
+    monkeypatch.setenv("KDAJIT_CACHE_RO_DIRS", str(layer))
+    tuner.clear()
+    with pytest.warns(tuner.KdajitTuningWarning, match="writable by group or others"):
+        assert tuner.find_record(key_of()) is None
+    assert tuner.records_of_toolchain() == []  # what share_records would broadcast
+
+
+def test_cache_off_reads_no_layer(cache_root, tmp_path, monkeypatch):
+    record = run_tune(standin_prepare(), {FUSED_CONFIG_SPACE[6]: 0.5})
+    layer = tmp_path / "layer"
+    tune_records.write_record(layer, record)
+    monkeypatch.setenv("KDAJIT_CACHE_RO_DIRS", str(layer))
+    monkeypatch.setenv("KDAJIT_CACHE", "off")
+    tuner.clear()
+    assert tuner.find_record(key_of()) is None
+
+
+def test_forward_falls_back_to_the_reference_when_the_winner_is_not_cached(cache_root, monkeypatch):
+    from kdajit import api, cache
+    from kdajit.validate import Problem
+
+    run_tune(standin_prepare(), {FUSED_CONFIG_SPACE[4]: 0.5})
+    tuner.clear()
+    monkeypatch.setattr(api, "_spec", lambda *a: SPEC)
+    monkeypatch.setattr(api, "_sm_count", lambda index: 132)
+    launched = []
+
+    def get_kernels(keys):
+        (key,) = keys
+        if key.config != REF:
+            raise cache.KernelNotCached("not cached (stand-in)", keys)
+        launched.append(key)
+        return ("reference kernel",)
+    monkeypatch.setattr(cache, "get_kernels", get_kernels)
+    problem = Problem(1, SHAPE.tokens, SHAPE.heads, 128, 128, 64, "bf16", "dense")
+    with pytest.warns(tuner.KdajitTuningWarning, match="cannot be used .*not cached"):
+        kernels = api._kernels(problem, 64, False, 0, intra=True, recompute=True, seqs=1, shape=lambda: SHAPE)
+    assert kernels.fused == "reference kernel" and launched == [SPEC.fused_key()]
+    assert tuner.config_for(SPEC, 0, SHAPE.tokens, SHAPE.heads, 1, None, None) == REF  # remembered
