@@ -245,9 +245,10 @@ def tune(batch: int, tokens: int, heads: int, *, beta_dtype: str = "bf16", varle
     The workload is dense [batch, tokens] with `heads` heads or, for varlen "cu32"/"cu64", the
     sequences `lengths` packed together (batch must be 1; `tokens` is then their sum and ignored).
     Every candidate configuration is first proven bitwise equal to the reference configuration on
-    the tuning inputs and edge-case probes; only those are timed; the winner (ties within 1% go to the earlier configuration) is stored for
-    the workload's bucket, where `forward` finds it (KDAJIT_AUTOTUNE=cached, the default). Already
-    timed candidates are kept unless `force`. Returns the record (`kdajit cache ls` lists it).
+    the tuning inputs and edge-case probes; only those are timed; the winner (ties within 1% go to
+    the earlier configuration) is stored for the workload's bucket, where `forward` finds it
+    (KDAJIT_AUTOTUNE=cached, the default). Already timed candidates are kept unless `force`.
+    Returns the record (`kdajit cache ls` lists it).
     """
     if varlen != "dense" and (lengths is None or batch != 1):
         raise ValueError(f"varlen={varlen!r} tunes packed sequences: pass lengths=(...) and batch=1 "

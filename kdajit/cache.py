@@ -300,8 +300,9 @@ def default_cache() -> DiskCache:
 def read_only_layers() -> list[DiskCache]:
     """The KDAJIT_CACHE_RO_DIRS layers, searched in order after the writable root. Their entries get
     the same checks as the root's (ownership, hashes, key); a bad one is skipped with a warning (a
-    read-only layer is never modified). Listing a layer trusts the native code in it."""
-    return [DiskCache(Path(d).expanduser(), "ro") for d in env.cache_ro_dirs()]
+    read-only layer is never modified). Listing a layer trusts the native code in it. None when
+    KDAJIT_CACHE=off."""
+    return [DiskCache(root, mode) for root, mode in cache_layout.layer_roots()[1:]]
 
 
 _ANNOUNCED = threading.Event()
@@ -342,7 +343,7 @@ def _get_slow(keys: Sequence[_KernelKey]) -> tuple[Callable, ...]:
         _STATS["memory_hits"] += len(keys) - len(missing)
         _STATS["misses"] += len(missing)
         disk = default_cache()
-        layers = read_only_layers() if env.cache_mode() != "off" else []
+        layers = read_only_layers()
         to_build = []
         for key in missing:
             fn = disk.load(key)

@@ -69,6 +69,15 @@ def cache_root() -> Path | None:
     return Path(platformdirs.user_cache_dir("kdajit", appauthor=False)).absolute()
 
 
+def layer_roots() -> list[tuple[Path, str]]:
+    """(root, mode) of every cache layer in search order: the root in KDAJIT_CACHE's mode, then each
+    KDAJIT_CACHE_RO_DIRS layer in "ro" mode (absolute, unresolved); none when KDAJIT_CACHE=off."""
+    root = cache_root()
+    if root is None:
+        return []
+    return [(root, env.cache_mode())] + [(Path(d).expanduser().absolute(), "ro") for d in env.cache_ro_dirs()]
+
+
 def _safe_name(part: str, what: str) -> str:
     if not part or part.startswith(".") or not all(c.isascii() and (c.isalnum() or c in "_.-") for c in part):
         raise ValueError(f"{what} {part!r} cannot be used in a cache path")
@@ -112,12 +121,18 @@ class RecordPath:
         return self.relpath.rsplit("/", 1)[0]
 
 
+def _match(pattern: re.Pattern, relpath: object, what: str) -> re.Match:
+    """`pattern`'s match of a relative path of the current schema; ValueError naming `what` it should be."""
+    m = pattern.match(relpath) if isinstance(relpath, str) else None
+    if m is None or int(m.group("schema")) != SCHEMA or ".." in relpath.split("/"):
+        raise ValueError(f"{relpath!r} is not {what}")
+    return m
+
+
 def parse_record_relpath(relpath: object) -> RecordPath:
     """The parts of a tuning record path of the current layout; ValueError for anything else."""
-    m = _RECORD.match(relpath) if isinstance(relpath, str) else None
-    if m is None or int(m.group("schema")) != SCHEMA or ".." in relpath.split("/"):
-        raise ValueError(f"{relpath!r} is not a tuning record path (v{SCHEMA}/<arch>/tc-<16 hex>/{TUNING}/<spec>/"
-                         f"<name>{RECORD_SUFFIX})")
+    m = _match(_RECORD, relpath, f"a tuning record path (v{SCHEMA}/<arch>/tc-<16 hex>/{TUNING}/<spec>/<name>"
+                                 f"{RECORD_SUFFIX})")
     return RecordPath(relpath, m.group("arch"), m.group("fp"), m.group("spec"), m.group("name"))
 
 
@@ -157,10 +172,7 @@ class EntryPath:
 
 def parse_entry_relpath(relpath: object) -> EntryPath:
     """The parts of an entry path of the current layout; ValueError for anything else."""
-    m = _ENTRY.match(relpath) if isinstance(relpath, str) else None
-    if m is None or int(m.group("schema")) != SCHEMA or ".." in relpath.split("/"):
-        raise ValueError(f"{relpath!r} is not a cache entry path (v{SCHEMA}/<arch>/tc-<16 hex>/{KERNELS}/<spec>/"
-                         f"<config>)")
+    m = _match(_ENTRY, relpath, f"a cache entry path (v{SCHEMA}/<arch>/tc-<16 hex>/{KERNELS}/<spec>/<config>)")
     return EntryPath(relpath, m.group("arch"), m.group("fp"), m.group("spec"), m.group("config"))
 
 

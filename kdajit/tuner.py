@@ -109,16 +109,8 @@ def tuning_key(spec: ForwardSpec, device_index: int, tokens: int, heads: int, se
 
 
 def _roots() -> list[tuple[Path, bool]]:
-    """(root, writable) of every cache layer, in search order: the writable root, then KDAJIT_CACHE_RO_DIRS;
-    none with KDAJIT_CACHE=off."""
-    if env.cache_mode() == "off":
-        return []
-    layers = []
-    root = cache_layout.cache_root()
-    if root is not None:
-        layers.append((cache_files.real_root(root), env.cache_mode() == "rw"))
-    layers += [(cache_files.real_root(Path(d).expanduser().absolute()), False) for d in env.cache_ro_dirs()]
-    return layers
+    """(resolved root, writable) of every cache layer, in search order (`cache_layout.layer_roots`)."""
+    return [(cache_files.real_root(root), mode == "rw") for root, mode in cache_layout.layer_roots()]
 
 
 def _read_disk(key: TuningKey, first_only: bool = False) -> TuningRecord | None:
@@ -274,9 +266,11 @@ def _tune_locked(key, shape, prepare, previous, device, progress, timer) -> Tuni
     retime = {REFERENCE} | ({previous.winner} if previous is not None else set())
     todo = [c for c in buildable if c not in kept or c in retime]
     t0 = time.perf_counter()
-    tuning = [(f"tuning-inputs-{i}", tune_guard.make_problem(spec, shape.batch, shape.heads, tokens=shape.tokens,
-                                                             lengths=shape.lengths, seed=i, device=device))
-              for i in range(_input_sets(shape, spec, device))]
+    def inputs(seed: int) -> tuple[str, tune_guard.Inputs]:
+        return f"tuning-inputs-{seed}", tune_guard.make_problem(spec, shape.batch, shape.heads, tokens=shape.tokens,
+                                                                lengths=shape.lengths, seed=seed, device=device)
+    tuning = [inputs(0)]
+    tuning += [inputs(seed) for seed in range(1, _input_sets(tuning[0][1], spec, device))]
     problems = tuning[:1] + tune_guard.probe_problems(spec, device)
     expected = tune_guard.reference_outputs(prepare, REFERENCE, problems, spec.output_qg, spec.chunk)
     results: dict[FusedConfig, CandidateResult] = {}
@@ -313,11 +307,13 @@ def _tune_locked(key, shape, prepare, previous, device, progress, timer) -> Tuni
     return TuningRecord(key, toolchain_fingerprint(), every, winner, REFERENCE, shape_doc)
 
 
-def _input_sets(shape: TuneShape, spec: ForwardSpec, device: torch.device) -> int:
-    elems = shape.total_tokens * shape.heads
-    per_token = 2 * (3 * spec.head_k + spec.head_v + 2 * spec.chunk + 2 * spec.head_k + spec.head_v) + 4 * spec.head_k
+def _input_sets(x: tune_guard.Inputs, spec: ForwardSpec, device: torch.device) -> int:
+    """How many input sets like `x` (with their outputs) one timing pass walks to read past the L2."""
+    rows = x["q"][..., 0].numel()  # B * T * H; every output is bf16 with one of these last dims
+    outputs = rows * (2 * spec.chunk + (2 + spec.output_qg) * spec.head_k + spec.head_v) * 2
+    per_set = sum(t.nbytes for t in x.values()) + outputs
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20) if device.type == "cuda" else 0
-    return tune_timing.input_sets_needed(elems * per_token, l2)
+    return tune_timing.input_sets_needed(per_set, l2)
 
 
 def _remember(record: TuningRecord) -> None:
