@@ -105,3 +105,27 @@ def test_backend_declines_what_kdajit_does_not_cover(counted):
         q, k, v, gate, beta, h0 = kda_inputs(1, 128, 2, 128, 1, seed=0)
         fla_kda.chunk_kda(q, k, v, gate, beta, initial_state=h0, output_final_state=True, safe_gate=False)
     assert counted == {"chunk_kda_fwd_intra": 0, "recompute_w_u": 0}
+
+
+@pytest.mark.parametrize("cu", [None, [0, 1, 63, 65, 300]], ids=["dense", "varlen"])
+def test_forward_and_backward_recompute_give_the_same_w_u_bits(counted, cu):
+    """FLA's forward takes W, U, KG from `chunk_kda_fwd_intra`; its backward recomputes them with
+    `recompute_w_u_fwd` from the forward's Akk. Through the backend both must give the same bits."""
+    from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra
+    from fla.ops.kda.wy_fast import recompute_w_u_fwd
+
+    from kdajit import reference
+
+    cu_t = torch.tensor(cu, dtype=torch.int32) if cu is not None else None
+    T = 300 if cu is None else cu[-1]
+    x = reference.make_inputs(1 if cu else 2, T, 4, cu_seqlens=cu_t, device="cuda",
+                              generator=torch.Generator().manual_seed(int(torch.randint(1 << 30, ()))))
+    cu_gpu = cu_t.cuda().long() if cu_t is not None else None
+    with kdajit_fla.enabled(), torch.no_grad():
+        w, u, qg, kg, Aqk, Akk = chunk_kda_fwd_intra(x["q"], x["k"], x["v"], gk=x["gk"], beta=x["beta"],
+                                                     scale=128 ** -0.5, cu_seqlens=cu_gpu, safe_gate=True)
+        w2, u2, _, kg2 = recompute_w_u_fwd(k=x["k"], v=x["v"], beta=x["beta"], A=Akk, gk=x["gk"],
+                                           cu_seqlens=cu_gpu)
+    assert counted == {"chunk_kda_fwd_intra": 1, "recompute_w_u": 1}, counted
+    for name, a, b in (("w", w, w2), ("u", u, u2), ("kg", kg, kg2)):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{name}: forward and recompute differ"
