@@ -76,7 +76,7 @@ def time_variants(objects: str | None) -> list[dict]:
                 fn = compiler.callable_of(compiler.compile_template(kernel, key.arch))
             inputs = {n: x[n] for n in ("q", "k", "v", "gk", "beta")}
             call = lambda: api._launch(fn, FusedForwardKey, **inputs, Aqk=outs[0], Akk=outs[1], w=outs[2],
-                                       u=outs[3], kg=outs[4], qg=qg, cu_seqlens=dummy, chunk_offsets=dummy,
+                                       u=outs[3], kg=outs[4], qg=qg, cu_seqlens=dummy,
                                        scale=128 ** -0.5, max_ctas=max_ctas)
             ms = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
             results.append({"config": config_name, "variant": name, "phases": list(phases), "ms": ms})

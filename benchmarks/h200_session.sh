@@ -7,7 +7,8 @@
 # with --plot), benchmain (the two main rows, every fused configuration), phases (fused_phases, objects
 # from the tarball), host (bench_host), tune (kdajit tune at the two tuning-evidence shapes), fla
 # (FLA-backend GPU tests and bench), stress (determinism replays), stress10m_fla (the 10M run beside the
-# FLA-backend tests), stressconfigs (replays under other fused configurations), sanitizer (compute-sanitizer,
+# FLA-backend tests), stressconfigs (replays under other fused configurations), stressrest (stress but
+# the bf16 run), flabench (bench_fla_backend alone), sanitizer (compute-sanitizer,
 # docs/reliability.md; SANITIZER_TOOLS picks tools).
 # Each stage has its own time limit; logs and JSON go to $OUT (or ./out). The bundle (.gpu) supplies
 # CuTe DSL, TVM-FFI and FLA. `bash benchmarks/h200_precompile.sh` cross-compiles on the CPU machine every
@@ -58,13 +59,15 @@ for what in "$@"; do
     phases)
       stage phases 240 python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases --json "$out/phases.json" ;;
     host)
-      stage host 120 python3 benchmarks/bench_host.py ;;
+      stage host 120 python3 benchmarks/bench_host.py --profile ;;
     tune)  # docs/tuning.md's evidence: every candidate's guard result and time, the winners
       stage tune 200 python3 -m kdajit tune --shape 2x8192x64 --shape 1x8192x32 --beta bf16 --no-progress
       stage tune_ls 30 python3 -m kdajit cache ls --spec fused ;;
     fla)
       stage fla_tests "${FLA_LIMIT:-540}" python3 -m pytest -q -m gpu -rfE --durations=8 tests/test_gpu_fla_backend.py
       stage fla_bench 180 python3 benchmarks/bench_fla_backend.py --json "$out/fla_bench.json" ;;
+    flabench)
+      stage fla_bench 240 python3 benchmarks/bench_fla_backend.py --json "$out/fla_bench.json" ;;
     stress10m_fla)  # the 10M bf16 run alone to completion, with the FLA-backend tests (CPU-bound Triton
       # compiles, little GPU time) beside it in the background: their kernels only perturb CTA placement
       stage fla_tests "${FLA_LIMIT:-540}" python3 -m pytest -q -m gpu -rfE --durations=8 \
@@ -75,14 +78,14 @@ for what in "$@"; do
     stressconfigs)  # replays under tuner configurations other than the reference (STRESS_CONFIGS, slugs)
       for config in ${STRESS_CONFIGS:-persistent-c2-head persistent-c1-chunk-a1}; do
         stage "stress_$config" 80 python3 benchmarks/stress_determinism.py --replays 1000000 --checkpoint 250000 \
-          --beta bf16 --config "$config" --max-seconds 60 --report "$out/stress_$config.json"
+          --beta bf16 --config "$config" --max-seconds 45 --report "$out/stress_$config.json"
       done
       stage stress_large_c2 80 python3 benchmarks/stress_determinism.py --replays 10000 --checkpoint 2500 \
         --batch 2 --tokens 8192 --heads 64 --config persistent-c2-chunk-a1 --max-seconds 60 \
         --report "$out/stress_large_c2.json" ;;
-    stress)  # each run stops at a checkpoint after --max-seconds; the report says whether it completed
-      stage stress_bf16 280 python3 benchmarks/stress_determinism.py --replays 10000000 --checkpoint 500000 \
-        --beta bf16 --max-seconds 250 --report "$out/stress_bf16.json"
+    stress|stressrest)  # each run stops at a checkpoint after --max-seconds; the report says whether it completed
+      [[ $what == stress ]] && stage stress_bf16 280 python3 benchmarks/stress_determinism.py --replays 10000000 \
+        --checkpoint 500000 --beta bf16 --max-seconds 250 --report "$out/stress_bf16.json"
       stage stress_fp32 80 python3 benchmarks/stress_determinism.py --replays 1000000 --checkpoint 250000 \
         --beta fp32 --max-seconds 60 --report "$out/stress_fp32.json"
       stage stress_varlen 80 python3 benchmarks/stress_determinism.py --replays 1000000 --checkpoint 250000 \

@@ -76,21 +76,10 @@ def _dummy(device: torch.device, dtype: torch.dtype, shape: tuple[int, ...]) -> 
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
-def _seq_vectors(cu_seqlens: torch.Tensor | None, chunk: int, tokens: int, device: torch.device):
-    """(cu_seqlens, chunk_offsets) for the kernels; chunk_offsets[s] = chunks before sequence s.
-
-    Computed with device ops, so no host synchronisation (and CUDA-graph capture works). Lengths use
-    the kernels' clamp (`chunk_coords`: positions clamped into [0, T], negative lengths are 0) and the
-    running total is capped at the grid's T // chunk + N, so unchecked cu_seqlens values
-    (KDAJIT_VALIDATE=shapes, capture) cannot describe more chunks than the grid has CTAs.
-    """
-    if cu_seqlens is None:
-        dummy = _dummy(device, torch.int32, (1,))
-        return dummy, dummy
-    positions = cu_seqlens.clamp(0, tokens)
-    chunks = (positions.diff().clamp_(min=0) + (chunk - 1)) // chunk
-    total = torch.cumsum(chunks, 0, dtype=torch.int64).clamp_(max=tokens // chunk + chunks.numel())
-    return cu_seqlens, torch.nn.functional.pad(total.to(torch.int32), (1, 0))
+def _cu_seqlens_arg(cu_seqlens: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """The kernels' cu_seqlens argument: the caller's tensor as it is (each tile finds its sequence
+    by binary search over it and clamps what it reads, templates/common.py), or a dummy when dense."""
+    return _dummy(device, torch.int32, (1,)) if cu_seqlens is None else cu_seqlens
 
 
 def _device_index(t: torch.Tensor) -> int:
@@ -132,27 +121,26 @@ def _launch(kernel: Callable, key_type: type, **args) -> None:
     kernel(*[args[name] for name in _ARG_NAMES[key_type]])
 
 
-def _run_intra(q, k, gk, beta, scale, cu, offsets, kernels, Aqk, Akk) -> None:
+def _run_intra(q, k, gk, beta, scale, cu, kernels, Aqk, Akk) -> None:
     if Aqk.numel():
         L = torch.empty(Aqk.shape, dtype=torch.float32, device=q.device)
-        _launch(kernels.intra, IntraKey, q=q, k=k, gk=gk, beta=beta, Aqk=Aqk, L=L, cu_seqlens=cu,
-                chunk_offsets=offsets, scale=scale)
-        _launch(kernels.inverse, AkkInverseKey, L=L, Akk=Akk, cu_seqlens=cu, chunk_offsets=offsets)
+        _launch(kernels.intra, IntraKey, q=q, k=k, gk=gk, beta=beta, Aqk=Aqk, L=L, cu_seqlens=cu, scale=scale)
+        _launch(kernels.inverse, AkkInverseKey, L=L, Akk=Akk, cu_seqlens=cu)
 
 
-def _run_recompute(k, v, beta, Akk, gk, q, cu, offsets, kernels, w, u, kg, qg) -> None:
+def _run_recompute(k, v, beta, Akk, gk, q, cu, kernels, w, u, kg, qg) -> None:
     if k.numel():
         q_arg = q if q is not None else _dummy(k.device, torch.bfloat16, (1, 1, 1, k.shape[-1]))
         qg_arg = qg if qg is not None else q_arg
         _launch(kernels.recompute, RecomputeWUKey, k=k, v=v, beta=beta, Akk=Akk, gk=gk, q=q_arg, w=w, u=u, kg=kg,
-                qg=qg_arg, cu_seqlens=cu, chunk_offsets=offsets)
+                qg=qg_arg, cu_seqlens=cu)
 
 
-def _run_fused(q, k, v, gk, beta, scale, cu, offsets, kernels, Aqk, Akk, w, u, kg, qg) -> None:
+def _run_fused(q, k, v, gk, beta, scale, cu, kernels, Aqk, Akk, w, u, kg, qg) -> None:
     if k.numel():
         qg_arg = qg if qg is not None else _dummy(k.device, torch.bfloat16, (1, 1, 1, k.shape[-1]))
         _launch(kernels.fused, FusedForwardKey, q=q, k=k, v=v, gk=gk, beta=beta, Aqk=Aqk, Akk=Akk, w=w, u=u, kg=kg,
-                qg=qg_arg, cu_seqlens=cu, chunk_offsets=offsets, scale=scale, max_ctas=kernels.fused_max_ctas)
+                qg=qg_arg, cu_seqlens=cu, scale=scale, max_ctas=kernels.fused_max_ctas)
 
 
 def _refuse_autograd(entry: str, **tensors: torch.Tensor | None) -> None:
@@ -204,15 +192,15 @@ def _forward(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, output_qg, safe_g
     seqs = problem.batch if cu_seqlens is None else cu_seqlens.numel() - 1
     kernels = _kernels(problem, chunk_size, bool(output_qg), _device_index(q), intra=True, recompute=True,
                        fused_config=fused_config, seqs=seqs, shape=lambda: _tune_shape(problem, cu_seqlens))
-    cu, offsets = _seq_vectors(cu_seqlens, chunk_size, problem.tokens, q.device)
+    cu = _cu_seqlens_arg(cu_seqlens, q.device)
     q_for_qg = q if output_qg else None
     Aqk, Akk = _intra_outputs(out, problem, q)
     w, u, kg, qg = _recompute_outputs(out, k, v, q_for_qg)
     if kernels.fused is not None:
-        _run_fused(q, k, v, gk, beta, scale, cu, offsets, kernels, Aqk, Akk, w, u, kg, qg)
+        _run_fused(q, k, v, gk, beta, scale, cu, kernels, Aqk, Akk, w, u, kg, qg)
     else:
-        _run_intra(q, k, gk, beta, scale, cu, offsets, kernels, Aqk, Akk)
-        _run_recompute(k, v, beta, Akk, gk, q_for_qg, cu, offsets, kernels, w, u, kg, qg)
+        _run_intra(q, k, gk, beta, scale, cu, kernels, Aqk, Akk)
+        _run_recompute(k, v, beta, Akk, gk, q_for_qg, cu, kernels, w, u, kg, qg)
     return ForwardOutput(Aqk, Akk, w, u, kg, qg)
 
 
@@ -231,8 +219,8 @@ def _fused_launcher(config: FusedConfig, x: dict, out: ForwardOutput) -> Callabl
     written = ("Aqk", "Akk", "w", "u", "kg") + ("qg",) * output_qg
     problem = validate.check_forward_inputs(q, k, v, gk, beta, cu_seqlens, chunk, _given_outputs(out, written))
     kernels = _kernels(problem, chunk, output_qg, _device_index(q), intra=True, recompute=True, fused_config=config)
-    cu, offsets = _seq_vectors(cu_seqlens, chunk, problem.tokens, q.device)
-    return functools.partial(_run_fused, q, k, v, gk, beta, problem.head_k ** -0.5, cu, offsets, kernels, *out[:5],
+    cu = _cu_seqlens_arg(cu_seqlens, q.device)
+    return functools.partial(_run_fused, q, k, v, gk, beta, problem.head_k ** -0.5, cu, kernels, *out[:5],
                              out.qg)
 
 
@@ -295,9 +283,9 @@ def intra(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor
                                             _given_outputs(out, ("Aqk", "Akk")))
     scale = problem.head_k ** -0.5 if scale is None else float(scale)
     kernels = _kernels(problem, chunk_size, False, _device_index(q), intra=True, recompute=False)
-    cu, offsets = _seq_vectors(cu_seqlens, chunk_size, problem.tokens, q.device)
+    cu = _cu_seqlens_arg(cu_seqlens, q.device)
     Aqk, Akk = _intra_outputs(out, problem, q)
-    _run_intra(q, k, gk, beta, scale, cu, offsets, kernels, Aqk, Akk)
+    _run_intra(q, k, gk, beta, scale, cu, kernels, Aqk, Akk)
     return Aqk, Akk
 
 
@@ -317,9 +305,9 @@ def recompute_w_u(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, Akk: tor
     problem = validate.check_recompute_inputs(k, v, beta, Akk, gk, q, cu_seqlens, chunk_size,
                                               _given_outputs(out, written))
     kernels = _kernels(problem, chunk_size, q is not None, _device_index(k), intra=False, recompute=True)
-    cu, offsets = _seq_vectors(cu_seqlens, chunk_size, problem.tokens, k.device)
+    cu = _cu_seqlens_arg(cu_seqlens, k.device)
     w, u, kg, qg = _recompute_outputs(out, k, v, q)
-    _run_recompute(k, v, beta, Akk, gk, q, cu, offsets, kernels, w, u, kg, qg)
+    _run_recompute(k, v, beta, Akk, gk, q, cu, kernels, w, u, kg, qg)
     return w, u, kg, qg
 
 
@@ -331,8 +319,8 @@ def chunk_kda_fwd_intra(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: t
 
     `safe_gate=True` promises the lower-bound gate (required: the exact path for arbitrary gates
     raises NotImplementedError). `disable_recompute=True` also returns QG (else qg is None).
-    `chunk_indices` is accepted for compatibility and not needed: kdajit derives the chunk map on the
-    device from cu_seqlens.
+    `chunk_indices` is accepted for compatibility and not needed: each kdajit tile finds its sequence
+    in cu_seqlens itself.
     """
     out = forward(q, k, v, gk, beta, scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
                   output_qg=disable_recompute, safe_gate=safe_gate)

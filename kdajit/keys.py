@@ -24,7 +24,7 @@ CHUNK_SIZES = (64,)
 # templates/common.py `SymbolicShapes`. kdajit.validate checks exactly these before any launch.
 TILE_ALIGN = 16  # [B, T, H, D] tensors: q, k, v, gk, Akk, the L workspace and every output
 ROW_ALIGN = 4  # [B, T, H] tensors: beta (bf16 or fp32)
-SEQ_ALIGN = 4  # cu_seqlens and chunk_offsets
+SEQ_ALIGN = 4  # cu_seqlens
 ALIGN_BY_KIND = {"bthd": TILE_ALIGN, "bth": ROW_ALIGN, "seq": SEQ_ALIGN}  # per `KernelArg.kind`
 ARCHS = ("sm_80", "sm_90a", "sm_100a")
 
@@ -112,7 +112,7 @@ def _args(*specs: str) -> tuple[KernelArg, ...]:
     return tuple(out)
 
 
-_SEQ = ("cu_seqlens:seq:cu", "chunk_offsets:seq:int32")
+_SEQ = ("cu_seqlens:seq:cu",)
 _WU_OUTPUTS = ("w:bthd:bf16:head_k", "u:bthd:bf16:head_v", "kg:bthd:bf16:head_k", "qg:bthd:bf16:head_k:qg_only")
 
 

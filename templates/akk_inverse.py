@@ -98,15 +98,15 @@ class AkkInverse:
 
     @cute.jit
     def __call__(self, mL: cute.Tensor, mAkk: cute.Tensor, mCuSeqlens: cute.Tensor,
-                 mChunkOffsets: cute.Tensor, stream: cuda.CUstream):
-        self.kernel(mL, mAkk, mCuSeqlens, mChunkOffsets, make_l_load_copy(self.num_threads),
+                 stream: cuda.CUstream):
+        self.kernel(mL, mAkk, mCuSeqlens, make_l_load_copy(self.num_threads),
                     make_akk_store_copy(self.num_threads)).launch(
             grid=grid_shape(mL, mCuSeqlens, self.chunk, self.varlen), block=(self.num_threads, 1, 1),
             stream=stream)
 
     @cute.kernel
     def kernel(self, mL: cute.Tensor, mAkk: cute.Tensor, mCuSeqlens: cute.Tensor,
-               mChunkOffsets: cute.Tensor, load_copy: cute.TiledCopy, store_copy: cute.TiledCopy):
+               load_copy: cute.TiledCopy, store_copy: cute.TiledCopy):
         C = self.chunk
         tidx, _, _ = cute.arch.thread_idx()
         _, head, _ = cute.arch.block_idx()
@@ -118,7 +118,7 @@ class AkkInverse:
         sX = storage.akk.get_tensor(akk_tile_layout(C))
         sX00 = storage.x00.get_tensor(x00_layout(C))
 
-        is_valid, batch, row0, valid_rows = chunk_coords(mCuSeqlens, mChunkOffsets, mL.shape[1],
+        is_valid, batch, row0, valid_rows = chunk_coords(mCuSeqlens, mL.shape[1],
                                                          C, self.varlen)
         if is_valid:
             gL = cute.local_tile(cute.domain_offset((row0, 0), mL[batch, None, head, None]),

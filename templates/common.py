@@ -6,10 +6,13 @@ so a chunk is always the same rows whichever kernel handles it:
 
 - dense (equal-length batch): grid = (ceil(T / C), H, B); tile (c, h, b) covers rows
   [C*c, min(C*c + C, T)) of batch b.
-- varlen (B == 1, packed with cu_seqlens): grid = (T // C + N, H, 1), an upper bound of the total
-  chunk count sum(ceil(len_s / C)). `chunk_offsets[s]` (int32, N+1 entries, computed on the device
-  by the host wrapper) is the number of chunks before sequence s. Tile x finds its sequence by binary
-  search; tiles with x >= chunk_offsets[N] do nothing. No host synchronisation is needed.
+- varlen (B == 1, packed with cu_seqlens): grid = (T // C + N, H, 1). Sequence s owns the tiles
+  x = first(s) + c, c = 0 .. ceil(len_s / C) - 1, with first(s) = cu_seqlens[s] // C + s. For sorted
+  cu_seqlens first(s + 1) - first(s) = cu[s+1] // C - cu[s] // C + 1 >= ceil(len_s / C), so the tiles
+  of different sequences never meet, and first(N - 1) + ceil(len_{N-1} / C) <= T // C + N fits the
+  grid. Tile x finds its sequence by binary search over cu_seqlens alone; the spare tiles (at most
+  one per sequence) do nothing. The host passes cu_seqlens as it is: no host synchronisation, no
+  device preparation.
 """
 from __future__ import annotations
 
@@ -43,7 +46,7 @@ class SymbolicShapes:
                                         stride_order=(2, 1, 0), assumed_align=ALIGN_BY_KIND["bth"])
 
     def seq(self, dtype):
-        """A [N + 1] vector (cu_seqlens, chunk_offsets; dense kernels get dummies they never read)."""
+        """A [N + 1] vector (cu_seqlens; dense kernels get a dummy they never read)."""
         return make_fake_compact_tensor(dtype, (self.seq_bound,), assumed_align=ALIGN_BY_KIND["seq"])
 
 
@@ -83,19 +86,20 @@ def grid_shape(mQ: cute.Tensor, mCuSeqlens: cute.Tensor, chunk: int, varlen: boo
 
 
 @cute.jit
-def chunk_coords(mCuSeqlens: cute.Tensor, mChunkOffsets: cute.Tensor, seq_len_dense: cutlass.Int32,
-                 chunk: cutlass.Constexpr, varlen: cutlass.Constexpr, tile_xz: cutlass.Constexpr = None):
+def chunk_coords(mCuSeqlens: cute.Tensor, seq_len_dense: cutlass.Int32, chunk: cutlass.Constexpr,
+                 varlen: cutlass.Constexpr, tile_xz: cutlass.Constexpr = None):
     """Map this CTA (or, with `tile_xz` = (x, z), the tile at grid position (x, *, z)) to its tile.
 
     Returns (is_valid, batch, row0, valid_rows): the tile covers rows [row0, row0 + valid_rows) of
-    batch `batch`; `is_valid` is False for the spare CTAs of the varlen grid. `seq_len_dense` is the
+    batch `batch`; `is_valid` is False for the spare tiles of the varlen grid. `seq_len_dense` is the
     tensors' T (in varlen mode too).
 
     Varlen rows are clamped so that no cu_seqlens can drive a kernel outside its tensors, also when
-    its values were never checked (KDAJIT_VALIDATE=shapes, CUDA-graph capture): a sequence's bos and
-    eos are clamped into [0, T] with eos >= bos, and a CTA is valid only for a chunk that holds rows
-    of its (clamped) sequence, so 0 <= row0 < row0 + valid_rows <= T and 1 <= valid_rows <= chunk.
-    Bad values give garbage outputs, never an out-of-bounds access.
+    its values were never checked (KDAJIT_VALIDATE=shapes, CUDA-graph capture): every cu_seqlens
+    value is clamped into [0, T] (in its own dtype, so int64 values cannot wrap first), a sequence's
+    eos is at least its bos, and a tile is valid only for a chunk that holds rows of its (clamped)
+    sequence, so 0 <= row0 < row0 + valid_rows <= T and 1 <= valid_rows <= chunk. Bad values give
+    garbage outputs, never an out-of-bounds access.
     """
     bidx, _, bidz = cute.arch.block_idx() if cutlass.const_expr(tile_xz is None) else (tile_xz[0], 0, tile_xz[1])
     is_valid = cutlass.Boolean(True)
@@ -104,37 +108,33 @@ def chunk_coords(mCuSeqlens: cute.Tensor, mChunkOffsets: cute.Tensor, seq_len_de
     valid_rows = cutlass.Int32(0)
     if cutlass.const_expr(varlen):
         n_seqs = mCuSeqlens.shape[0] - 1
-        total_chunks = mChunkOffsets[n_seqs]
-        is_valid = cutlass.Int32(bidx) < total_chunks
-        if is_valid:
-            # Largest s with chunk_offsets[s] <= bidx (sequences of length 0 own no chunk).
-            lo = cutlass.Int32(0)
-            hi = cutlass.Int32(n_seqs)
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if mChunkOffsets[mid] <= cutlass.Int32(bidx):
-                    lo = mid
-                else:
-                    hi = mid
-            chunk_in_seq = cutlass.Int32(bidx) - mChunkOffsets[lo]
-            # Clamp in cu_seqlens' own dtype (int64 values must not wrap before the clamp).
-            cu_dtype = mCuSeqlens.element_type
-            tokens = cu_dtype(seq_len_dense)
-            bos_cu = min(max(cu_dtype(mCuSeqlens[lo]), cu_dtype(0)), tokens)
-            eos_cu = min(max(cu_dtype(mCuSeqlens[lo + 1]), bos_cu), tokens)
-            bos = cutlass.Int32(bos_cu)
-            seq_len = cutlass.Int32(eos_cu) - bos
-            seq_chunks = seq_len // chunk + min(seq_len % chunk, 1)
-            if chunk_in_seq < 0 or chunk_in_seq >= seq_chunks:
-                is_valid = cutlass.Boolean(False)
+        cu_dtype = mCuSeqlens.element_type
+        tokens = cu_dtype(seq_len_dense)
+        # Largest s with first(s) = clamp(cu_seqlens[s]) // chunk + s <= x (the module docstring).
+        lo = cutlass.Int32(0)
+        hi = cutlass.Int32(n_seqs)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if cutlass.Int32(min(max(cu_dtype(mCuSeqlens[mid]), cu_dtype(0)), tokens)) // chunk + mid <= \
+                    cutlass.Int32(bidx):
+                lo = mid
             else:
-                row0 = bos + chunk_in_seq * chunk
-                valid_rows = min(seq_len - chunk_in_seq * chunk, chunk)
+                hi = mid
+        bos_cu = min(max(cu_dtype(mCuSeqlens[lo]), cu_dtype(0)), tokens)
+        eos_cu = min(max(cu_dtype(mCuSeqlens[lo + 1]), bos_cu), tokens)
+        bos = cutlass.Int32(bos_cu)
+        seq_len = cutlass.Int32(eos_cu) - bos
+        seq_chunks = seq_len // chunk + min(seq_len % chunk, 1)
+        chunk_in_seq = cutlass.Int32(bidx) - (bos // chunk + lo)
+        if chunk_in_seq < 0 or chunk_in_seq >= seq_chunks:
+            is_valid = cutlass.Boolean(False)
+        else:
+            row0 = bos + chunk_in_seq * chunk
+            valid_rows = min(seq_len - chunk_in_seq * chunk, chunk)
     else:
         row0 = cutlass.Int32(bidx) * chunk
         valid_rows = min(seq_len_dense - row0, chunk)
     return is_valid, batch, row0, valid_rows
-
 
 def chunk_rows(mX: cute.Tensor, batch, head, row0, rows: int) -> cute.Tensor:
     """The [rows, D] view of a [B, T, H, D] tensor's rows row0 .. row0 + rows - 1 of one head."""

@@ -29,8 +29,8 @@ struct's 1 KiB end alignment; two CTAs fit an SM (2 x (114,688 + 1,024 reserved)
 Scheduling (`FusedConfig`): one tile per CTA on the standalone grid (templates/common.py), or
 persistent CTAs walking tile indices with a static stride (tile = blockIdx.x, += gridDim.x), each
 index mapped to (chunk, head, batch) in the configured raster order and then to rows by the same
-`chunk_coords` as the standalone kernels (dense and varlen; the varlen chunk map stays on the
-device). With loads_ahead=0 each warp issues the next tile's loads once it has issued its own W/U
+`chunk_coords` as the standalone kernels (dense and varlen; a varlen tile finds its sequence in
+cu_seqlens). With loads_ahead=0 each warp issues the next tile's loads once it has issued its own W/U
 stores of the current tile (the q, k, g buffers were last read before the barrier that follows the
 gate rows), then waits for them. With loads_ahead=1 the next tile's loads are issued into
 buffers as soon as the current tile has finished reading them: q right after the intra phase (when
@@ -139,7 +139,7 @@ class FusedForward:
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mGk: cute.Tensor,
                  mBeta: cute.Tensor, mAqk: cute.Tensor, mAkk: cute.Tensor, mW: cute.Tensor,
                  mU: cute.Tensor, mKG: cute.Tensor, mQG: cute.Tensor, mCuSeqlens: cute.Tensor,
-                 mChunkOffsets: cute.Tensor, scale: cutlass.Float32, max_ctas: cutlass.Int32,
+                 scale: cutlass.Float32, max_ctas: cutlass.Int32,
                  stream: cuda.CUstream):
         bf16, f32 = cutlass.BFloat16, cutlass.Float32
         tiles = grid_shape(mQ, mCuSeqlens, self.chunk, self.varlen)
@@ -149,7 +149,7 @@ class FusedForward:
         layouts = RecomputeLayouts(self.chunk, self.head_k, self.head_v)
         smem_struct, inverse_work, recompute_work = fused_smem_struct(self.chunk, self.head_k, self.head_v)
         self.smem_struct, self.inverse_work, self.recompute_work = smem_struct, inverse_work, recompute_work
-        self.kernel(mQ, mK, mV, mGk, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, mChunkOffsets, scale,
+        self.kernel(mQ, mK, mV, mGk, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, scale,
                     tiles[0], make_intra_mma(), make_row_copy(bf16, self.head_k, self.num_threads),
                     make_row_copy(f32, self.head_k, self.num_threads), make_l_load_copy(self.num_threads),
                     make_akk_store_copy(self.num_threads), make_recompute_mma(self.chunk, self.num_threads),
@@ -161,7 +161,7 @@ class FusedForward:
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mG: cute.Tensor,
                mBeta: cute.Tensor, mAqk: cute.Tensor, mAkk: cute.Tensor, mW: cute.Tensor,
                mU: cute.Tensor, mKG: cute.Tensor, mQG: cute.Tensor, mCuSeqlens: cute.Tensor,
-               mChunkOffsets: cute.Tensor, scale: cutlass.Float32, tiles_x: cutlass.Int32,
+               scale: cutlass.Float32, tiles_x: cutlass.Int32,
                intra_mma: cute.TiledMma, copy_qk: cute.TiledCopy, copy_g: cute.TiledCopy,
                l_copy: cute.TiledCopy, akk_store_copy: cute.TiledCopy, wu_mma: cute.TiledMma,
                sA_layout: cute.ComposedLayout, sKp_layout: cute.ComposedLayout,
@@ -188,7 +188,7 @@ class FusedForward:
             storage.vp.get_tensor(sOutU_layout),
         )
         ops = (intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma)
-        tensors = (mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, mChunkOffsets)
+        tensors = (mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens)
         # Registers of the tile whose loads are in flight: its v rows and this thread's beta.
         rV = row_fragments(self.chunk // (self.num_threads // (self.head_v // VEC)), bf16)
         rBeta = cute.make_rmem_tensor((1,), mBeta.element_type)
@@ -219,7 +219,7 @@ class FusedForward:
                     tile, valid, batch, head, row0, rows = nxt, n_valid, n_batch, n_head, n_row0, n_rows
         else:
             bidx, head, bidz = cute.arch.block_idx()
-            valid, batch, row0, rows = chunk_coords(mCuSeqlens, mChunkOffsets, mQ.shape[1], self.chunk,
+            valid, batch, row0, rows = chunk_coords(mCuSeqlens, mQ.shape[1], self.chunk,
                                                     self.varlen, (cutlass.Int32(bidx), cutlass.Int32(bidz)))
             if valid:
                 self.load_tile(tensors, smem, ops, batch, cutlass.Int32(head), row0, rows, rV, rBeta, "all")
@@ -230,7 +230,7 @@ class FusedForward:
                 tiles_x: cutlass.Int32):
         """(valid, batch, head, row0, rows) of persistent tile index `tile` in the configured raster
         order (which of chunk x and head varies fastest); not valid when tile >= tiles."""
-        mQ, mCuSeqlens, mChunkOffsets = tensors[0], tensors[11], tensors[12]
+        mQ, mCuSeqlens = tensors[0], tensors[11]
         heads = mQ.shape[2]
         x = tile % tiles_x
         head = (tile // tiles_x) % heads
@@ -238,7 +238,7 @@ class FusedForward:
             head = tile % heads
             x = (tile // heads) % tiles_x
         z = tile // (tiles_x * heads)
-        valid, batch, row0, rows = chunk_coords(mCuSeqlens, mChunkOffsets, mQ.shape[1], self.chunk, self.varlen,
+        valid, batch, row0, rows = chunk_coords(mCuSeqlens, mQ.shape[1], self.chunk, self.varlen,
                                                 (x, min(z, mQ.shape[0] - 1)))
         if tile >= tiles:
             valid = cutlass.Boolean(False)
@@ -278,7 +278,7 @@ class FusedForward:
 
         With `next_tile` = (valid, batch, head, row0, rows), the next tile's loads are issued as soon
         as their buffers are free: q after the intra phase when QG is off, the rest after the gate rows."""
-        mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, mChunkOffsets = tensors
+        mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens = tensors
         sQ, sK, sG, sBeta, sL, sX00, sX, sA, sKp, sVp, sOutW, sOutU = smem
         intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma = ops
         C = self.chunk

@@ -100,25 +100,25 @@ class KdaIntra:
 
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mGk: cute.Tensor, mBeta: cute.Tensor,
-                 mAqk: cute.Tensor, mL: cute.Tensor, mCuSeqlens: cute.Tensor, mChunkOffsets: cute.Tensor,
+                 mAqk: cute.Tensor, mL: cute.Tensor, mCuSeqlens: cute.Tensor,
                  scale: cutlass.Float32, stream: cuda.CUstream):
         tiled_mma = make_intra_mma()
         copy_qk = make_row_copy(cutlass.BFloat16, self.head_k, self.num_threads)
         copy_g = make_row_copy(cutlass.Float32, self.head_k, self.num_threads)
-        self.kernel(mQ, mK, mGk, mBeta, mAqk, mL, mCuSeqlens, mChunkOffsets, scale, tiled_mma, copy_qk,
+        self.kernel(mQ, mK, mGk, mBeta, mAqk, mL, mCuSeqlens, scale, tiled_mma, copy_qk,
                     copy_g).launch(grid=grid_shape(mQ, mCuSeqlens, self.chunk, self.varlen),
                                    block=(self.num_threads, 1, 1), stream=stream)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mG: cute.Tensor, mBeta: cute.Tensor,
-               mAqk: cute.Tensor, mL: cute.Tensor, mCuSeqlens: cute.Tensor, mChunkOffsets: cute.Tensor,
+               mAqk: cute.Tensor, mL: cute.Tensor, mCuSeqlens: cute.Tensor,
                scale: cutlass.Float32, tiled_mma: cute.TiledMma, copy_qk: cute.TiledCopy,
                copy_g: cute.TiledCopy):
         tidx, _, _ = cute.arch.thread_idx()
         _, head, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = tidx % 32
-        is_valid, batch, row0, valid_rows = chunk_coords(mCuSeqlens, mChunkOffsets, mQ.shape[1],
+        is_valid, batch, row0, valid_rows = chunk_coords(mCuSeqlens, mQ.shape[1],
                                                          self.chunk, self.varlen)
 
         storage = SmemAllocator().allocate(intra_smem_struct(self.chunk, self.head_k))

@@ -95,10 +95,10 @@ class RecomputeWU:
     @cute.jit
     def __call__(self, mK: cute.Tensor, mV: cute.Tensor, mBeta: cute.Tensor, mAkk: cute.Tensor,
                  mGk: cute.Tensor, mQ: cute.Tensor, mW: cute.Tensor, mU: cute.Tensor, mKG: cute.Tensor,
-                 mQG: cute.Tensor, mCuSeqlens: cute.Tensor, mChunkOffsets: cute.Tensor,
+                 mQG: cute.Tensor, mCuSeqlens: cute.Tensor,
                  stream: cuda.CUstream):
         layouts = RecomputeLayouts(self.chunk, self.head_k, self.head_v)
-        self.kernel(mK, mV, mBeta, mAkk, mGk, mQ, mW, mU, mKG, mQG, mCuSeqlens, mChunkOffsets,
+        self.kernel(mK, mV, mBeta, mAkk, mGk, mQ, mW, mU, mKG, mQG, mCuSeqlens,
                     make_recompute_mma(self.chunk, self.num_threads), layouts.akk, layouts.kp,
                     layouts.vp, layouts.out_w, layouts.out_u).launch(
             grid=grid_shape(mK, mCuSeqlens, self.chunk, self.varlen),
@@ -108,13 +108,13 @@ class RecomputeWU:
     @cute.kernel
     def kernel(self, mK: cute.Tensor, mV: cute.Tensor, mBeta: cute.Tensor, mAkk: cute.Tensor,
                mG: cute.Tensor, mQ: cute.Tensor, mW: cute.Tensor, mU: cute.Tensor, mKG: cute.Tensor,
-               mQG: cute.Tensor, mCuSeqlens: cute.Tensor, mChunkOffsets: cute.Tensor,
+               mQG: cute.Tensor, mCuSeqlens: cute.Tensor,
                tiled_mma: cute.TiledMma, sA_layout: cute.ComposedLayout,
                sKp_layout: cute.ComposedLayout, sVp_layout: cute.ComposedLayout,
                sOutW_layout: cute.ComposedLayout, sOutU_layout: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
         _, head, _ = cute.arch.block_idx()
-        is_valid, batch, row0, valid_rows = chunk_coords(mCuSeqlens, mChunkOffsets, mK.shape[1],
+        is_valid, batch, row0, valid_rows = chunk_coords(mCuSeqlens, mK.shape[1],
                                                          self.chunk, self.varlen)
         if is_valid:
             storage = SmemAllocator().allocate(recompute_smem_struct(self.chunk, self.head_k, self.head_v))

@@ -130,9 +130,9 @@ def test_validation_checks_the_alignment_every_kernel_assumes():
     from kdajit.keys import BETA_DTYPES, VARLEN_MODES, ForwardSpec
 
     # What the kernels' accesses need: 16-byte vector loads/stores of [B, T, H, D] rows; beta and the
-    # sequence vectors are read element by element (4 bytes covers fp32 and int32; int64 is checked by size).
+    # cu_seqlens are read element by element (4 bytes covers fp32 and int32; int64 is checked by size).
     expected = {**dict.fromkeys(("q", "k", "v", "gk", "Akk", "L", "Aqk", "w", "u", "kg", "qg"), 16),
-                "beta": 4, "cu_seqlens": 4, "chunk_offsets": 4}
+                "beta": 4, "cu_seqlens": 4}
     assert validate.ALIGNMENT == expected
     checked = set()
     for spec in (ForwardSpec(b, m, 128, 128, 64, True, "sm_90a") for b in BETA_DTYPES for m in VARLEN_MODES):

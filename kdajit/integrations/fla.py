@@ -70,7 +70,7 @@ def intra_decline_reason(q, k, v, gk=None, beta=None, scale=None, cu_seqlens=Non
     """Why kdajit cannot run FLA's `chunk_kda_fwd_intra` call with these arguments, or None if it can.
 
     `fla_version` defaults to the installed FLA's. `chunk_indices` and `use_graph` are accepted and not
-    needed (kdajit derives the chunk map on the device and is CUDA-graph safe).
+    needed (kdajit's tiles find their sequences in cu_seqlens, CUDA-graph safe).
     """
     reason = _common_reason(fla_version or _fla_version(), unknown)
     if reason:
