@@ -86,10 +86,10 @@ for what in "$@"; do
     stress|stressrest)  # each run stops at a checkpoint after --max-seconds; the report says whether it completed
       [[ $what == stress ]] && stage stress_bf16 280 python3 benchmarks/stress_determinism.py --replays 10000000 \
         --checkpoint 500000 --beta bf16 --max-seconds 250 --report "$out/stress_bf16.json"
-      stage stress_fp32 80 python3 benchmarks/stress_determinism.py --replays 1000000 --checkpoint 250000 \
-        --beta fp32 --max-seconds 60 --report "$out/stress_fp32.json"
       stage stress_varlen 80 python3 benchmarks/stress_determinism.py --replays 1000000 --checkpoint 250000 \
         --varlen --max-seconds 60 --report "$out/stress_varlen.json"
+      stage stress_fp32 80 python3 benchmarks/stress_determinism.py --replays 1000000 --checkpoint 250000 \
+        --beta fp32 --max-seconds 60 --report "$out/stress_fp32.json"
       stage stress_large 80 python3 benchmarks/stress_determinism.py --replays 10000 --checkpoint 2500 \
         --batch 2 --tokens 8192 --heads 64 --noise 0.25 --max-seconds 60 --report "$out/stress_large.json" ;;
     sanitizer)  # SANITIZER_TOOLS picks the tools (default all four); memcheck also runs the hostile cu_seqlens
