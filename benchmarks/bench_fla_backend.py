@@ -2,10 +2,11 @@
 
     python benchmarks/bench_fla_backend.py [--json out.json]
 
-For each shape: median time (triton.testing.do_bench) of the forward alone (no grad) and of forward +
-backward, FLA's own kernels vs the kdajit backend, in the same process. Then the prefix check: rows of
-`o` for a prompt of T0 tokens vs the same prompt followed by more tokens, bit for bit, with the backend
-off and on (FLA's later stages decide whether the whole output is prefix-stable).
+First the prefix check: rows of `o` for a prompt of T0 tokens vs the same prompt followed by more tokens,
+bit for bit, with the backend off and on (FLA's later stages decide whether the whole output is
+prefix-stable). Then for each shape: median time (triton.testing.do_bench) of the forward alone (no grad)
+and of forward + backward, FLA's own kernels vs the kdajit backend, in the same process. Each result is
+printed and written to --json as soon as it exists.
 """
 from __future__ import annotations
 
@@ -80,20 +81,28 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("bench_fla_backend needs a CUDA GPU")
         return 1
-    rows = [time_shape(*shape) for shape in SHAPES]
+    # Each result is printed (and the JSON rewritten) as soon as it exists: a run cut short by a time limit
+    # keeps what it measured: the prefix checks (forward only, fewer FLA kernels to compile) first.
+    results: dict = {"timings": [], "prefix": []}
+
+    def report(section: str, value: dict, line: str) -> None:
+        results[section].append(value)
+        print(line, flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+
+    for prompt, extra in ((70, 58), (1000, 37), (4096, 100)):
+        p = prefix_stable(prompt, extra)
+        report("prefix", p, f"prefix {prompt} + {extra}: o rows bit-identical: FLA {p['fla_prefix_bitwise']}, "
+                            f"with kdajit backend {p['kdajit_prefix_bitwise']}")
     print("| shape | FLA fwd ms | kdajit-backend fwd ms | ratio | FLA fwd+bwd ms | kdajit-backend fwd+bwd ms | ratio |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['B']} x {r['T']} x {r['H']} | {r['fla_fwd_ms']:.3f} | {r['kdajit_fwd_ms']:.3f} | "
-              f"{r['fla_fwd_ms'] / r['kdajit_fwd_ms']:.2f}x | {r['fla_fwd_bwd_ms']:.3f} | {r['kdajit_fwd_bwd_ms']:.3f} | "
-              f"{r['fla_fwd_bwd_ms'] / r['kdajit_fwd_bwd_ms']:.2f}x |")
-    prefixes = [prefix_stable(p, e) for p, e in ((70, 58), (1000, 37), (4096, 100))]
-    for p in prefixes:
-        print(f"prefix {p['prompt']} + {p['extra']}: o rows bit-identical: FLA {p['fla_prefix_bitwise']}, "
-              f"with kdajit backend {p['kdajit_prefix_bitwise']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"timings": rows, "prefix": prefixes}, f, indent=1)
+    print("|---|---|---|---|---|---|---|", flush=True)
+    for shape in SHAPES:
+        r = time_shape(*shape)
+        report("timings", r, f"| {r['B']} x {r['T']} x {r['H']} | {r['fla_fwd_ms']:.3f} | {r['kdajit_fwd_ms']:.3f} | "
+                             f"{r['fla_fwd_ms'] / r['kdajit_fwd_ms']:.2f}x | {r['fla_fwd_bwd_ms']:.3f} | "
+                             f"{r['kdajit_fwd_bwd_ms']:.3f} | {r['fla_fwd_bwd_ms'] / r['kdajit_fwd_bwd_ms']:.2f}x |")
     return 0
 
 

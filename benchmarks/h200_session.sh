@@ -26,6 +26,13 @@ if [[ -f .gpu-cache/cpu.tar.xz ]]; then
   cp -a /tmp/precompiled/cpu "$KDAJIT_CACHE_DIR"
   export KDAJIT_TEST_CPU_CACHE=/tmp/precompiled/cpu
 fi
+# FLA's Triton kernels (the FLA stages) compile and autotune for minutes in this sandbox: a Triton cache saved
+# by an earlier call ($OUT/triton.tar.xz, copied to .gpu-cache/triton.tar.xz and carried) skips that.
+triton_cache="${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
+if [[ -f .gpu-cache/triton.tar.xz ]]; then
+  mkdir -p "$triton_cache" && tar -C "$triton_cache" -xJf .gpu-cache/triton.tar.xz
+fi
+save_triton_cache() { tar -C "$triton_cache" -cJf "$out/triton.tar.xz" . && ls -la "$out/triton.tar.xz"; }
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.mem --format=csv,noheader
   git rev-parse --short HEAD 2>/dev/null; git status --short -uno 2>/dev/null | head -5; } | tee "$out/gpu.txt"
 status=0
@@ -65,16 +72,19 @@ for what in "$@"; do
       stage tune_ls 30 python3 -m kdajit cache ls --spec fused ;;
     fla)
       stage fla_tests "${FLA_LIMIT:-540}" python3 -m pytest -q -m gpu -rfE --durations=8 tests/test_gpu_fla_backend.py
-      stage fla_bench 180 python3 benchmarks/bench_fla_backend.py --json "$out/fla_bench.json" ;;
+      stage fla_bench 180 python3 benchmarks/bench_fla_backend.py --json "$out/fla_bench.json"
+      save_triton_cache ;;
     flabench)
-      stage fla_bench 240 python3 benchmarks/bench_fla_backend.py --json "$out/fla_bench.json" ;;
+      stage fla_bench 240 python3 benchmarks/bench_fla_backend.py --json "$out/fla_bench.json"
+      save_triton_cache ;;
     stress10m_fla)  # the 10M bf16 run alone to completion, with the FLA-backend tests (CPU-bound Triton
       # compiles, little GPU time) beside it in the background: their kernels only perturb CTA placement
       stage fla_tests "${FLA_LIMIT:-540}" python3 -m pytest -q -m gpu -rfE --durations=8 \
         tests/test_gpu_fla_backend.py &
       stage stress_bf16_10m 560 python3 benchmarks/stress_determinism.py --replays 10000000 --checkpoint 500000 \
         --beta bf16 --max-seconds 540 --report "$out/stress_bf16_10m.json"
-      wait ;;
+      wait
+      save_triton_cache ;;
     stressconfigs)  # replays under tuner configurations other than the reference (STRESS_CONFIGS, slugs)
       for config in ${STRESS_CONFIGS:-persistent-c2-head persistent-c1-chunk-a1}; do
         stage "stress_$config" 80 python3 benchmarks/stress_determinism.py --replays 1000000 --checkpoint 250000 \
