@@ -5,7 +5,7 @@
 # FLA-ratio accuracy runs), suite (demo + the GPU suite but the fused and FLA-backend
 # files, which have their own stages), fused (fused-kernel GPU tests), bench (bench_forward, every row,
 # with --plot), benchmain (the two main rows, every fused configuration), phases (fused_phases, objects
-# from the tarball), host (bench_host), tune (kdajit tune at the two tuning-evidence shapes), fla
+# from the tarball), dslfree (benchmarks/dsl_free_load.py), host (bench_host), tune (kdajit tune at the two tuning-evidence shapes), fla
 # (FLA-backend GPU tests and bench), stress (determinism replays), stress10m_fla (the 10M run beside the
 # FLA-backend tests), stressconfigs (replays under other fused configurations), stressrest (stress but
 # the bf16 run), flabench (bench_fla_backend alone), sanitizer (compute-sanitizer,
@@ -65,6 +65,8 @@ for what in "$@"; do
         --json "$out/benchmain.json" ;;
     phases)
       stage phases 240 python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases --json "$out/phases.json" ;;
+    dslfree)  # a cached fused kernel linked into a shared library and run through TVM-FFI alone (no DSL import)
+      stage dslfree 90 python3 benchmarks/dsl_free_load.py --json "$out/dsl_free.json" ;;
     host)
       stage host 120 python3 benchmarks/bench_host.py --profile ;;
     tune)  # docs/tuning.md's evidence: every candidate's guard result and time, the winners
