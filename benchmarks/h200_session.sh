@@ -2,14 +2,14 @@
 # GPU work on the project's lent H200 in one device call, as named stages:
 #   bash benchmarks/h200_session.sh STAGE...        (carry .gpu, and .gpu-cache/cpu.tar.xz if present)
 # Stages: tests (demo + the whole GPU suite), core (tests without the FLA-backend file and the
-# FLA-ratio accuracy runs), suite (demo + the GPU suite but the fused and FLA-backend
-# files, which have their own stages), fused (fused-kernel GPU tests), bench (bench_forward, every row,
-# with --plot), benchmain (the two main rows, every fused configuration), phases (fused_phases, objects
-# from the tarball), dslfree (benchmarks/dsl_free_load.py), host (bench_host), tune (kdajit tune at the two tuning-evidence shapes), fla
-# (FLA-backend GPU tests and bench), stress (determinism replays), stress10m_fla (the 10M run beside the
-# FLA-backend tests), stressconfigs (replays under other fused configurations), stressrest (stress but
-# the bf16 run), flabench (bench_fla_backend alone), sanitizer (compute-sanitizer,
-# docs/reliability.md; SANITIZER_TOOLS picks tools).
+# FLA-ratio accuracy runs), suite (demo + the GPU suite but the fused and FLA-backend files, which have
+# their own stages), fused (fused-kernel GPU tests), bench (bench_forward, every row, with --plot),
+# benchmain (the two main rows, every fused configuration), phases (fused_phases, objects from the
+# tarball), dslfree (benchmarks/dsl_free_load.py), host (bench_host), tune (kdajit tune at the two
+# tuning-evidence shapes), fla (FLA-backend GPU tests and bench), flabench (bench_fla_backend alone),
+# stress (determinism replays), stressrest (stress but the bf16 run), stress10m_fla (the 10M run beside
+# the FLA-backend tests), stressconfigs (replays under other fused configurations), sanitizer
+# (compute-sanitizer, docs/reliability.md; SANITIZER_TOOLS picks tools).
 # Each stage has its own time limit; logs and JSON go to $OUT (or ./out). The bundle (.gpu) supplies
 # CuTe DSL, TVM-FFI and FLA. `bash benchmarks/h200_precompile.sh` cross-compiles on the CPU machine every
 # kernel the stages need into .gpu-cache/cpu.tar.xz, which saves the compiles here; its toolchain must
