@@ -17,6 +17,7 @@
 | KDAJIT_AUTOTUNE | `off` (reference configuration), `cached` (a stored tuning record, else the reference), `on` (tune a workload bucket without a record on first use), `force` (re-time every candidate on first use) | cached |
 | KDAJIT_STRICT_BITWISE | 1: a tuning candidate whose outputs differ from the reference configuration's raises instead of being excluded with a warning | 0 |
 | KDAJIT_CACHE_RO_DIRS | read-only cache layers searched after the writable root for kernels and tuning records (`os.pathsep`-separated; listing one trusts its native code) | - |
+| KDAJIT_LOADER | how cached objects load: `dsl` (CuTe DSL's loader: imports the DSL, ~2.5 s once per process) or `linked` (linked into a shared library with the system C compiler, `CC` or `cc`, and loaded by TVM-FFI alone; the DSL is imported only to compile; falls back to `dsl`, with a warning, where linking fails) | dsl |
 
 CuTe DSL variables that change generated code (`codegen_env`) are part of the cache's toolchain
 fingerprint, so a kernel built with, say, CUTE_DSL_LINEINFO=1 is never served to a process without it.
@@ -126,6 +127,26 @@ def autotune_mode() -> str:
 
 def strict_bitwise() -> bool:
     return _flag("STRICT_BITWISE")
+
+
+LOADERS = ("dsl", "linked")
+
+
+def object_loader() -> str:
+    loader = _get("LOADER", "dsl").strip().lower() or "dsl"
+    if loader not in LOADERS:
+        raise ValueError(f"KDAJIT_LOADER={loader!r} is not valid; expected one of {LOADERS}")
+    return loader
+
+
+def c_compiler() -> str:
+    """The C compiler that links cached objects for KDAJIT_LOADER=linked (CC, else cc)."""
+    return os.environ.get("CC", "").strip() or "cc"
+
+
+def cute_dsl_libs() -> list[str]:
+    """CUTE_DSL_LIBS, the CuTe DSL runtime libraries a user pinned (os.pathsep-separated), if set."""
+    return [p for p in os.environ.get("CUTE_DSL_LIBS", "").split(os.pathsep) if p]
 
 
 def cache_ro_dirs() -> list[str]:

@@ -123,6 +123,7 @@ def _child(keys_json: str, preimport: bool) -> None:
                 first_call_s = time.perf_counter() - t
     print(json.dumps({"stats": cache.stats(), "results": results, "import_s": import_s,
                       "first_call_s": first_call_s, "fingerprint": cache.toolchain_fingerprint(),
+                      "cutlass_imported": "cutlass" in sys.modules,
                       "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}))
 
 

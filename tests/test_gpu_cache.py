@@ -3,7 +3,9 @@
 The precompiled cache is `$KDAJIT_TEST_CPU_CACHE` when set (a cache built on the CPU machine with
 `kdajit precompile --arch sm_90a` and carried over); otherwise the test builds one here in a GPU-blind
 process (CUDA_VISIBLE_DEVICES="", CUTE_DSL_ARCH=sm_90a). Two fresh processes then run the same inputs:
-one may only load (KDAJIT_DISABLE_JIT=1), the other compiles into an empty cache on the GPU.
+one may only load (KDAJIT_DISABLE_JIT=1), the other compiles into an empty cache on the GPU. A third
+loads every kernel through KDAJIT_LOADER=linked (each object linked into its own shared library and
+loaded by TVM-FFI, the CuTe DSL never imported), twelve such libraries in one process.
 """
 import json
 import os
@@ -32,7 +34,7 @@ RUNNER = textwrap.dedent("""
             out = kdajit.forward(*args, cu_seqlens=cu, output_qg=True)
             outs[f"{route}-{name}"] = [t.cpu() for t in out]
     torch.save(outs, sys.argv[2])
-    print(json.dumps(cache.stats()))
+    print(json.dumps({**cache.stats(), "cutlass_imported": "cutlass" in sys.modules}))
 """)
 
 
@@ -78,15 +80,20 @@ def test_precompiled_objects_load_without_compiling_and_match(tmp_path):
     inputs = tmp_path / "inputs.pt"
     torch.save({"dense": [dense[n] for n in names], "packed": [packed[n] for n in names], "cu": cu}, inputs)
 
-    loaded, load_stats = run_in_fresh_process(tmp_path, precompiled_cache(tmp_path), inputs, "loaded",
-                                              KDAJIT_DISABLE_JIT="1")
+    precompiled = precompiled_cache(tmp_path)
+    loaded, load_stats = run_in_fresh_process(tmp_path, precompiled, inputs, "loaded", KDAJIT_DISABLE_JIT="1")
     expected = kernels_the_runner_uses()  # 12 on sm_90a: 3 fused + 3 intra + 3 inverse + 3 recompute
     assert (load_stats["compiles"], load_stats["disk_hits"]) == (0, expected), load_stats
     compiled, compile_stats = run_in_fresh_process(tmp_path, tmp_path / "fresh", inputs, "compiled")
     assert compile_stats["compiles"] == expected, compile_stats
-    assert set(loaded) == set(compiled) and len(loaded) == 6
+    linked, linked_stats = run_in_fresh_process(tmp_path, precompiled, inputs, "linked", KDAJIT_DISABLE_JIT="1",
+                                                KDAJIT_LOADER="linked")
+    assert (linked_stats["compiles"], linked_stats["disk_hits"]) == (0, expected), linked_stats
+    assert linked_stats["cutlass_imported"] is False, "KDAJIT_LOADER=linked imported the CuTe DSL"
+    assert set(loaded) == set(compiled) == set(linked) and len(loaded) == 6
     for mode in loaded:
-        for i, (a, b) in enumerate(zip(loaded[mode], compiled[mode])):
+        for i, (a, b, c) in enumerate(zip(loaded[mode], compiled[mode], linked[mode])):
             assert a.shape == b.shape
             assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{mode}: output {i} differs"
+            assert torch.equal(c.view(torch.int16), b.view(torch.int16)), f"{mode}: output {i} differs (linked)"
             assert not torch.isnan(a.float()).any()
