@@ -4,7 +4,8 @@
 
 Run it in a fresh process: it reports `import kdajit`, the one-time CuTe DSL import, and the first
 `forward` call (disk load of three kernels, no compile), then the steady-state host time per call on a
-tiny problem (the GPU work is negligible there, so calls/second measures host overhead).
+tiny problem (the GPU work is negligible there, so calls/second measures host overhead). With
+KDAJIT_LOADER=linked the DSL import is left out and the first call includes the TVM-FFI load.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch  # noqa: E402
 
 t_torch = time.perf_counter()
 import kdajit  # noqa: E402
-from kdajit import cache, compiler, reference  # noqa: E402
+from kdajit import cache, compiler, env, reference  # noqa: E402
 from kdajit.keys import ForwardSpec  # noqa: E402
 
 t_kdajit = time.perf_counter()
@@ -43,8 +44,10 @@ def main() -> int:
     x = reference.make_inputs(1, 128, 2, device="cuda")
     args = (x["q"], x["k"], x["v"], x["gk"], x["beta"])
     torch.cuda.synchronize()
+    linked = env.object_loader() == "linked"
     t0 = time.perf_counter()
-    compiler._cute()  # the CuTe DSL + TVM-FFI import, paid once per process
+    if not linked:
+        compiler._cute()  # the CuTe DSL + TVM-FFI import, paid once per process
     t_dsl = time.perf_counter() - t0
     profiler = cProfile.Profile() if "--profile" in sys.argv else None
     t0 = time.perf_counter()
@@ -57,9 +60,11 @@ def main() -> int:
         profiler.disable()
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
     stats = cache.stats()
+    dsl = "not imported (KDAJIT_LOADER=linked)" if linked else f"{t_dsl * 1e3:.0f} ms"
     print(f"import torch {(t_torch - t_start) * 1e3:.0f} ms, import kdajit {(t_kdajit - t_torch) * 1e3:.0f} ms, "
-          f"CuTe DSL import {t_dsl * 1e3:.0f} ms")
-    print(f"first forward (warm disk cache): {t_first * 1e3:.1f} ms; compiles={stats['compiles']} "
+          f"CuTe DSL import {dsl}")
+    print(f"first forward (warm disk cache, loader {env.object_loader()}): {t_first * 1e3:.1f} ms; "
+          f"cutlass imported: {'cutlass' in sys.modules}; compiles={stats['compiles']} "
           f"disk_hits={stats['disk_hits']}")
     cu = torch.tensor([0, 50, 128], dtype=torch.int32, device="cuda")
     kdajit.forward(*args, cu_seqlens=cu)  # load the varlen kernels outside the timing

@@ -68,7 +68,8 @@ for what in "$@"; do
     dslfree)  # a cached fused kernel linked into a shared library and run through TVM-FFI alone (no DSL import)
       stage dslfree 90 python3 benchmarks/dsl_free_load.py --json "$out/dsl_free.json" ;;
     host)
-      stage host 120 python3 benchmarks/bench_host.py --profile ;;
+      stage host 120 python3 benchmarks/bench_host.py --profile
+      KDAJIT_LOADER=linked stage host_linked 120 python3 benchmarks/bench_host.py ;;
     tune)  # docs/tuning.md's evidence: every candidate's guard result and time, the winners
       stage tune 200 python3 -m kdajit tune --shape 2x8192x64 --shape 1x8192x32 --beta bf16 --no-progress
       stage tune_ls 30 python3 -m kdajit cache ls --spec fused ;;

@@ -129,7 +129,7 @@ def load_object(path: str) -> Callable:
         try:
             return load_linked(path)
         except LinkError as e:
-            _warn_link_once(str(e))
+            _warn_link_failure(str(e))
     cute = _cute()
     return cute.runtime.load_module(path, enable_tvm_ffi=True)[SYMBOL]
 
@@ -138,10 +138,15 @@ class LinkError(RuntimeError):
     """An object could not be linked into a shared library, or the library not loaded."""
 
 
-@functools.lru_cache(maxsize=None)
-def _warn_link_once(reason: str) -> None:
-    warnings.warn(f"kdajit: KDAJIT_LOADER=linked could not link a cached kernel ({reason}); loading it through "
-                  f"CuTe DSL instead (imports the DSL once)", RuntimeWarning, stacklevel=3)
+_LINK_WARNED: list[str] = []
+
+
+def _warn_link_failure(reason: str) -> None:
+    """Warn at the first failed link of the process only (later reasons name other temporary paths)."""
+    if not _LINK_WARNED:
+        _LINK_WARNED.append(reason)
+        warnings.warn(f"kdajit: KDAJIT_LOADER=linked could not link a cached kernel ({reason}); loading cached "
+                      f"kernels through CuTe DSL instead (imports the DSL once)", RuntimeWarning, stacklevel=3)
 
 
 @functools.lru_cache(maxsize=None)
@@ -174,6 +179,12 @@ def link_shared(obj: str, out: str) -> None:
         raise LinkError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
 
 
+@functools.lru_cache(maxsize=None)
+def _load_runtime_libraries() -> tuple[ctypes.CDLL, ...]:
+    """The two runtime libraries, loaded once with global symbols (as the DSL's own loader does)."""
+    return tuple(ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL) for lib in runtime_libraries())
+
+
 def load_linked(path: str) -> Callable:
     """Link the object at `path` (in a private directory) and load it with TVM-FFI alone."""
     so = path + ".so"
@@ -181,8 +192,7 @@ def load_linked(path: str) -> Callable:
     import tvm_ffi
 
     try:
-        for lib in runtime_libraries():
-            ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+        _load_runtime_libraries()
         return tvm_ffi.load_module(so)[SYMBOL]
     except Exception as e:  # noqa: BLE001 - any load failure means: use the DSL's loader
         raise LinkError(f"loading {so}: {type(e).__name__}: {e}") from None
