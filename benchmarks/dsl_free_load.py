@@ -2,47 +2,25 @@
 
     KDAJIT_CACHE_DIR=<warm cache> python benchmarks/dsl_free_load.py [--json out.json]
 
-Run it in a fresh process. It links the cached object of the reference fused kernel (bf16 beta, dense,
-no QG) into a shared library with the system C compiler (`cc -shared`, against the DSL's
-libcute_dsl_runtime and TVM-FFI's libtvm_ffi: the only libraries the object needs), loads that with
-`tvm_ffi.load_module` alone, and launches it on NaN-poisoned outputs: the time from after `import torch`
-and CUDA initialisation to the synchronised first result is what a DSL-free first `forward` would cost
-(linking would happen once, when the entry is published). It checks that `cutlass` was never imported,
-then runs `kdajit.forward` (which imports the DSL) on the same inputs and compares every output bit.
+Run it in a fresh process. It loads the cached object of the reference fused kernel (bf16 beta, dense,
+no QG) the way KDAJIT_LOADER=linked does (`kdajit.compiler.load_linked`: linked into a shared library
+by the system C compiler against the DSL's libcute_dsl_runtime and TVM-FFI's libtvm_ffi, loaded by
+`tvm_ffi.load_module` alone) and launches it on NaN-poisoned outputs: the time from after `import torch`
+and CUDA initialisation to the synchronised first result is what a DSL-free first `forward` costs. It
+checks that `cutlass` was never imported, then runs `kdajit.forward` with the DSL's loader on the same
+inputs and compares every output bit.
 GPU only; `--help` works anywhere.
 """
 from __future__ import annotations
 
 import argparse
-import ctypes
 import glob
-import importlib.util
 import json
 import os
-import subprocess
+import shutil
 import sys
 import tempfile
 import time
-
-
-def runtime_libraries() -> list[str]:
-    """libcute_dsl_runtime.so and libtvm_ffi.so, found without importing either Python package's code."""
-    dsl = importlib.util.find_spec("nvidia_cutlass_dsl")
-    if dsl is None or not dsl.submodule_search_locations:
-        raise RuntimeError("nvidia-cutlass-dsl is not installed")
-    found = glob.glob(os.path.join(list(dsl.submodule_search_locations)[0], "cu*", "lib", "libcute_dsl_runtime.so"))
-    tvm = importlib.util.find_spec("tvm_ffi")
-    tvm_lib = os.path.join(list(tvm.submodule_search_locations)[0], "lib", "libtvm_ffi.so")
-    if not found or not os.path.exists(tvm_lib):
-        raise RuntimeError(f"runtime libraries not found: {found}, {tvm_lib}")
-    return [found[0], tvm_lib]
-
-
-def link(obj: str, libs: list[str], out: str) -> float:
-    t0 = time.perf_counter()
-    flags = [f for lib in libs for f in (f"-L{os.path.dirname(lib)}", f"-Wl,-rpath,{os.path.dirname(lib)}")]
-    subprocess.run(["cc", "-shared", "-o", out, obj, *flags, "-lcute_dsl_runtime", "-ltvm_ffi"], check=True)
-    return time.perf_counter() - t0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.zeros(1, device="cuda")
     t_torch = time.perf_counter()
     import kdajit
-    from kdajit import api, reference
+    from kdajit import api, compiler, reference
     from kdajit.keys import ForwardSpec, FusedForwardKey
 
     key = ForwardSpec("bf16", "dense", 128, 128, 64, False, "sm_90a").fused_key()
@@ -69,9 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     if not objects:
         print(f"no cached object for {key.spec_slug()} under {root}")
         return 1
-    libs = runtime_libraries()
-    so = os.path.join(tempfile.mkdtemp(), "kdajit_fused.so")
-    link_s = link(objects[0], libs, so)
+    obj = os.path.join(tempfile.mkdtemp(), "kernel.o")
+    shutil.copyfile(objects[0], obj)
 
     x = reference.make_inputs(2, 1000, 4, device="cuda", generator=torch.Generator().manual_seed(0))
     B, T, H, K = x["q"].shape
@@ -81,11 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     qg_dummy = torch.zeros(1, 1, 1, K, dtype=torch.bfloat16, device="cuda")
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    import tvm_ffi
-
-    for lib in libs:
-        ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
-    fn = tvm_ffi.load_module(so)["kdajit_kernel"]
+    fn = compiler.load_linked(obj)
     t_loaded = time.perf_counter()
     api._launch(fn, FusedForwardKey, q=x["q"], k=x["k"], v=x["v"], gk=x["gk"], beta=x["beta"], qg=qg_dummy,
                 cu_seqlens=dummy, scale=K ** -0.5, max_ctas=1, **outs)
@@ -93,14 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     t_first = time.perf_counter()
     dsl_imported = "cutlass" in sys.modules
 
+    os.environ.pop("KDAJIT_LOADER", None)
     ref = kdajit.forward(x["q"], x["k"], x["v"], x["gk"], x["beta"])
     torch.cuda.synchronize()
     equal = {name: bool(torch.equal(outs[name].view(torch.int16), getattr(ref, name).view(torch.int16)))
              for name in outs}
     result = {
-        "object": objects[0], "link_s": round(link_s, 4),
+        "object": objects[0],
         "process_start_to_torch_cuda_ready_s": round(t_torch - t_start, 3),
-        "dsl_free_load_ms": round((t_loaded - t0) * 1e3, 2),
+        "dsl_free_link_and_load_ms": round((t_loaded - t0) * 1e3, 2),
         "dsl_free_first_result_ms": round((t_first - t0) * 1e3, 2),
         "cutlass_imported_before_forward": dsl_imported,
         "bitwise_equal_to_forward": equal,
