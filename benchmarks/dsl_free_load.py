@@ -3,7 +3,7 @@
     KDAJIT_CACHE_DIR=<warm cache> python benchmarks/dsl_free_load.py [--json out.json]
 
 Run it in a fresh process. It loads the cached object of the reference fused kernel (bf16 beta, dense,
-no QG) the way KDAJIT_LOADER=linked does (`kdajit.compiler.load_linked`: linked into a shared library
+no QG) the way KDAJIT_LOADER=linked does (`kdajit.linked_loader.load`: linked into a shared library
 by the system C compiler against the DSL's libcute_dsl_runtime and TVM-FFI's libtvm_ffi, loaded by
 `tvm_ffi.load_module` alone) and launches it on NaN-poisoned outputs: the time from after `import torch`
 and CUDA initialisation to the synchronised first result is what a DSL-free first `forward` costs. It
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.zeros(1, device="cuda")
     t_torch = time.perf_counter()
     import kdajit
-    from kdajit import api, compiler, reference
+    from kdajit import api, linked_loader, reference
     from kdajit.keys import ForwardSpec, FusedForwardKey
 
     key = ForwardSpec("bf16", "dense", 128, 128, 64, False, "sm_90a").fused_key()
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     qg_dummy = torch.zeros(1, 1, 1, K, dtype=torch.bfloat16, device="cuda")
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    fn = compiler.load_linked(obj)
+    fn = linked_loader.load(obj)
     t_loaded = time.perf_counter()
     api._launch(fn, FusedForwardKey, q=x["q"], k=x["k"], v=x["v"], gk=x["gk"], beta=x["beta"], qg=qg_dummy,
                 cu_seqlens=dummy, scale=K ** -0.5, max_ctas=1, **outs)

@@ -176,9 +176,10 @@ class DiskCache:
         if not check.ok:
             self._reject(key, check)
             return None
+        linked = env.object_loader() == "linked"  # a bad value raises here, not as a "corrupt" entry below
         t0 = time.perf_counter()
         try:
-            fn = cache_load.load_verified(check.artifact)
+            fn = cache_load.load_verified(check.artifact, linked)
         except ImportError:
             raise
         except Exception as e:  # noqa: BLE001 - a verified object that does not load is corrupt

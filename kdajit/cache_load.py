@@ -10,12 +10,15 @@ import os
 import tempfile
 from typing import Callable
 
-from kdajit import cache_files, compiler
+from kdajit import cache_files, compiler, linked_loader
 from kdajit.cache_layout import ARTIFACT
 
 
-def load_verified(artifact: bytes) -> Callable:
-    """Load the object `artifact` (bytes already verified); raises on a bad object."""
+def load_verified(artifact: bytes, linked: bool = False) -> Callable:
+    """Load the object `artifact` (bytes already verified); raises on a bad object.
+
+    `linked` (KDAJIT_LOADER=linked): through kdajit.linked_loader, without the DSL, unless that fails.
+    """
     with tempfile.TemporaryDirectory(prefix="kdajit-load-") as tmp:  # 0700, ours
         path = os.path.join(tmp, ARTIFACT)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -23,7 +26,8 @@ def load_verified(artifact: bytes) -> Callable:
             cache_files.write_all(fd, artifact)
         finally:
             os.close(fd)
-        return compiler.load_object(path)
+        fn = linked_loader.try_load(path) if linked else None
+        return fn if fn is not None else compiler.load_object(path)
 
 
 def export_bytes(compiled) -> bytes:

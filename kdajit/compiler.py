@@ -3,23 +3,12 @@
 A compile takes a kernel key (kdajit.keys) and returns a TVM-FFI function that is called with torch
 tensors on the caller's current stream. The key's `arch` is passed as `--gpu-arch`, so any
 supported arch compiles on any machine, with or without a GPU.
-
-Objects load through CuTe DSL's loader (which imports the DSL, ~2.5 s once per process) or, with
-KDAJIT_LOADER=linked, linked into a shared library by the system C compiler and loaded by TVM-FFI
-alone: an object needs only the DSL's libcute_dsl_runtime and libtvm_ffi. `-Bsymbolic` binds each
-library's calls to its own copies of the names every kdajit object shares (`__cute_internal_kdajit_
-kernel_cuda_init`, ...), so two loaded kernels can never call into each other.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import glob
-import importlib.util
-import os
-import subprocess
 import time
-import warnings
 from typing import Callable
 
 from kdajit import env
@@ -120,79 +109,6 @@ def export_object(compiled, path: str) -> None:
 
 
 def load_object(path: str) -> Callable:
-    """Load an object written by `export_object`; raises on any problem with the file.
-
-    With KDAJIT_LOADER=linked the object is linked into `path + ".so"` (so `path` must be in a
-    private directory) and loaded without the DSL; where that fails, the DSL loads it (warned once).
-    """
-    if env.object_loader() == "linked":
-        try:
-            return load_linked(path)
-        except LinkError as e:
-            _warn_link_failure(str(e))
+    """Load an object written by `export_object`; raises on any problem with the file."""
     cute = _cute()
     return cute.runtime.load_module(path, enable_tvm_ffi=True)[SYMBOL]
-
-
-class LinkError(RuntimeError):
-    """An object could not be linked into a shared library, or the library not loaded."""
-
-
-_LINK_WARNED: list[str] = []
-
-
-def _warn_link_failure(reason: str) -> None:
-    """Warn at the first failed link of the process only (later reasons name other temporary paths)."""
-    if not _LINK_WARNED:
-        _LINK_WARNED.append(reason)
-        warnings.warn(f"kdajit: KDAJIT_LOADER=linked could not link a cached kernel ({reason}); loading cached "
-                      f"kernels through CuTe DSL instead (imports the DSL once)", RuntimeWarning, stacklevel=3)
-
-
-@functools.lru_cache(maxsize=None)
-def runtime_libraries() -> tuple[str, str]:
-    """(libcute_dsl_runtime.so, libtvm_ffi.so), found without importing the DSL: CUTE_DSL_LIBS's
-    runtime if set, as the DSL picks it, else the one runtime flavour the installed package holds."""
-    found = [p for p in env.cute_dsl_libs() if p.endswith("libcute_dsl_runtime.so")]
-    spec = importlib.util.find_spec("nvidia_cutlass_dsl")
-    if not found and spec is not None:
-        package = next(iter(spec.submodule_search_locations))
-        found = sorted(glob.glob(os.path.join(package, "cu*", "lib", "libcute_dsl_runtime.so")))
-    if len(found) != 1:
-        raise LinkError(f"expected one libcute_dsl_runtime.so (CUTE_DSL_LIBS or the nvidia-cutlass-dsl package), "
-                        f"found {found or 'none'}")
-    import tvm_ffi
-
-    return found[0], tvm_ffi.libinfo.find_libtvm_ffi()
-
-
-def link_shared(obj: str, out: str) -> None:
-    """Link the object `obj` into the shared library `out` against the two runtime libraries."""
-    libs = runtime_libraries()
-    dirs = [f for lib in libs for f in (f"-L{os.path.dirname(lib)}", f"-Wl,-rpath,{os.path.dirname(lib)}")]
-    cmd = [env.c_compiler(), "-shared", "-Wl,-Bsymbolic", "-o", out, obj, *dirs, "-lcute_dsl_runtime", "-ltvm_ffi"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise LinkError(f"{cmd[0]}: {type(e).__name__}: {e}") from None
-    if proc.returncode != 0:
-        raise LinkError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
-
-
-@functools.lru_cache(maxsize=None)
-def _load_runtime_libraries() -> tuple[ctypes.CDLL, ...]:
-    """The two runtime libraries, loaded once with global symbols (as the DSL's own loader does)."""
-    return tuple(ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL) for lib in runtime_libraries())
-
-
-def load_linked(path: str) -> Callable:
-    """Link the object at `path` (in a private directory) and load it with TVM-FFI alone."""
-    so = path + ".so"
-    link_shared(path, so)
-    import tvm_ffi
-
-    try:
-        _load_runtime_libraries()
-        return tvm_ffi.load_module(so)[SYMBOL]
-    except Exception as e:  # noqa: BLE001 - any load failure means: use the DSL's loader
-        raise LinkError(f"loading {so}: {type(e).__name__}: {e}") from None

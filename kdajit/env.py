@@ -17,7 +17,7 @@
 | KDAJIT_AUTOTUNE | `off` (reference configuration), `cached` (a stored tuning record, else the reference), `on` (tune a workload bucket without a record on first use), `force` (re-time every candidate on first use) | cached |
 | KDAJIT_STRICT_BITWISE | 1: a tuning candidate whose outputs differ from the reference configuration's raises instead of being excluded with a warning | 0 |
 | KDAJIT_CACHE_RO_DIRS | read-only cache layers searched after the writable root for kernels and tuning records (`os.pathsep`-separated; listing one trusts its native code) | - |
-| KDAJIT_LOADER | how cached objects load: `dsl` (CuTe DSL's loader: imports the DSL, ~2.5 s once per process) or `linked` (linked into a shared library with the system C compiler, `CC` or `cc`, and loaded by TVM-FFI alone; the DSL is imported only to compile; falls back to `dsl`, with a warning, where linking fails) | dsl |
+| KDAJIT_LOADER | how cached objects load: `dsl` (CuTe DSL's loader: imports the DSL, ~2.5 s once per process) or `linked` (linked into a shared library with the system C compiler, `CC` or `cc`, and loaded by TVM-FFI alone; the DSL is imported only to compile; at the first failed link the process warns once and uses `dsl`) | dsl |
 
 CuTe DSL variables that change generated code (`codegen_env`) are part of the cache's toolchain
 fingerprint, so a kernel built with, say, CUTE_DSL_LINEINFO=1 is never served to a process without it.
@@ -195,4 +195,4 @@ def prepare_cute_dsl(default_arch: str) -> None:
 def snapshot() -> dict[str, str]:
     """Every KDAJIT_* variable that is set, for `kdajit env` and bug reports."""
     return {k: v for k, v in sorted(os.environ.items())
-            if k.startswith(_PREFIX) or k.startswith("CUTE_DSL_") or k == "CUDA_VISIBLE_DEVICES"}
+            if k.startswith(_PREFIX) or k.startswith("CUTE_DSL_") or k in ("CUDA_VISIBLE_DEVICES", "CC")}
