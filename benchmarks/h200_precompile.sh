@@ -21,5 +21,6 @@ precompile --only fused_forward --beta fp32 --varlen dense --qg on "${configs[@]
 precompile --only fused_forward --beta bf16 --varlen cu64 --qg off "${configs[@]}"
 precompile --only fused_forward --beta bf16 --varlen cu32 --qg on \
   --config "persistent=true;ctas_per_sm=2;raster=head;loads_ahead=0"
+precompile --only fused_forward --beta bf16 --varlen dense --qg on "${configs[@]}"        # stressconfigs
 tar -C .gpu-cache -cJf .gpu-cache/cpu.tar.xz cpu phases
 ls -la .gpu-cache/cpu.tar.xz
