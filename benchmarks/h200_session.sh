@@ -27,12 +27,20 @@ if [[ -f .gpu-cache/cpu.tar.xz ]]; then
   export KDAJIT_TEST_CPU_CACHE=/tmp/precompiled/cpu
 fi
 # FLA's Triton kernels (the FLA stages) compile and autotune for minutes in this sandbox: a Triton cache saved
-# by an earlier call ($OUT/triton.tar.xz, copied to .gpu-cache/triton.tar.xz and carried) skips that.
+# by an earlier call ($OUT/triton.tar.xz, copied to .gpu-cache/triton.tar.xz and carried) skips that. A whole
+# cache too large to carry beside the bundle (> 8 MB compressed) is saved as its autotuning results alone
+# (*.autotune.json: each kernel then compiles only its chosen configuration).
 triton_cache="${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
 if [[ -f .gpu-cache/triton.tar.xz ]]; then
   mkdir -p "$triton_cache" && tar -C "$triton_cache" -xJf .gpu-cache/triton.tar.xz
 fi
-save_triton_cache() { tar -C "$triton_cache" -cJf "$out/triton.tar.xz" . && ls -la "$out/triton.tar.xz"; }
+save_triton_cache() {
+  tar -C "$triton_cache" -cJf "$out/triton.tar.xz" . || return
+  if (( $(stat -c %s "$out/triton.tar.xz") > 8000000 )); then
+    (cd "$triton_cache" && find . -name '*.autotune.json' -print0 | tar --null -cJf "$out/triton.tar.xz" -T -)
+  fi
+  ls -la "$out/triton.tar.xz"
+}
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.mem --format=csv,noheader
   git rev-parse --short HEAD 2>/dev/null; git status --short -uno 2>/dev/null | head -5; } | tee "$out/gpu.txt"
 status=0
