@@ -7,7 +7,7 @@ import platform
 import sys
 from pathlib import Path
 
-from kdajit import cache_locks, compiler, env
+from kdajit import cache_locks, compiler, env, linked_loader
 from kdajit.cache_toolchain import toolchain_components, toolchain_fingerprint
 
 _NETWORK_FS = ("nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "fuse.sshfs", "beegfs", "ceph", "fuse.ceph")
@@ -56,6 +56,7 @@ def report(root: Path | None) -> dict:
         "cache": {"mode": env.cache_mode(), "root": _dir_state(root),
                   "root_source": "KDAJIT_CACHE_DIR" if env.cache_dir() else "platformdirs user cache dir"},
         "locks": {**_dir_state(lock_dir), "timeout_s": env.lock_timeout_s(), "refused": refused},
+        "loader": {"mode": env.object_loader(), "linked_unavailable": linked_loader.unavailable_reason()},
         "disable_jit": env.disable_jit(),
         "force_recompile": env.force_recompile(),
         "arch": arch, "arch_error": arch_error,
@@ -85,6 +86,9 @@ def run(root: Path | None, as_json: bool) -> int:
         print("  warning: locks on a network filesystem may not work; set KDAJIT_LOCK_DIR to a local directory")
     print(f"arch:         {doc['arch'] or 'error: ' + str(doc['arch_error'])} ({doc['arch_source']})")
     print(f"disable_jit:  {doc['disable_jit']}   force_recompile: {doc['force_recompile']}")
+    why = doc["loader"]["linked_unavailable"]
+    print(f"loader:       {doc['loader']['mode']} (KDAJIT_LOADER=linked "
+          f"{'available' if why is None else 'would fall back to dsl: ' + why})")
     tc = doc["toolchain"]
     print(f"toolchain:    tc-{tc['fingerprint']}")
     comp = tc["components"]

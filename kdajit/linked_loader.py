@@ -19,6 +19,7 @@ import functools
 import glob
 import importlib.util
 import os
+import shutil
 import subprocess
 import threading
 import warnings
@@ -67,6 +68,17 @@ def link_shared(obj: str, out: str) -> None:
         raise LinkError(f"{cmd[0]}: {type(e).__name__}: {e}") from None
     if proc.returncode != 0:
         raise LinkError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
+
+
+def unavailable_reason() -> str | None:
+    """Why KDAJIT_LOADER=linked would fall back here (no C compiler, no single runtime), or None."""
+    if shutil.which(env.c_compiler()) is None:
+        return f"no C compiler {env.c_compiler()!r} on PATH (set CC)"
+    try:
+        runtime_libraries()
+    except LinkError as e:
+        return str(e)
+    return None
 
 
 @functools.lru_cache(maxsize=None)

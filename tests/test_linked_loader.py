@@ -64,6 +64,14 @@ def test_each_linked_library_binds_the_symbols_every_kdajit_object_shares(golden
     assert not names("-r") & defined, "the library's own symbols are bound at load time (no -Bsymbolic?)"
 
 
+def test_kdajit_env_says_whether_the_linked_loader_would_work(monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert linked_loader.unavailable_reason() == "no C compiler '/nonexistent/cc' on PATH (set CC)"
+    monkeypatch.delenv("CC")
+    if shutil.which("cc"):  # this machine: a compiler and the one runtime of the installed DSL package
+        assert linked_loader.unavailable_reason() is None
+
+
 def test_the_loader_is_not_part_of_the_toolchain_fingerprint():
     # How objects are opened never changes their code: editing the loader must not turn caches into misses.
     hashed = {os.path.basename(f) for f in compiler.template_files()}
