@@ -14,7 +14,6 @@ GPU only; `--help` works anywhere.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import shutil
@@ -37,18 +36,17 @@ def main(argv: list[str] | None = None) -> int:
     torch.zeros(1, device="cuda")
     t_torch = time.perf_counter()
     import kdajit
-    from kdajit import api, linked_loader, reference
+    from kdajit import api, cache_layout, cache_toolchain, linked_loader, reference
     from kdajit.keys import ForwardSpec, FusedForwardKey
 
     key = ForwardSpec("bf16", "dense", 128, 128, 64, False, "sm_90a").fused_key()
-    root = os.environ.get("KDAJIT_CACHE_DIR", os.path.expanduser("~/.cache/kdajit"))
-    objects = glob.glob(os.path.join(root, "v*", key.arch, "*", "kernels", key.spec_slug(),
-                                     f"{key.config.slug()}-*", "kernel.o"))
-    if not objects:
-        print(f"no cached object for {key.spec_slug()} under {root}")
+    entry = cache_layout.cache_root() / cache_layout.entry_relpath(key, cache_toolchain.toolchain_fingerprint())
+    cached = entry / cache_layout.ARTIFACT
+    if not cached.is_file():
+        print(f"no cached object {cached} (run `kdajit precompile` first)")
         return 1
     obj = os.path.join(tempfile.mkdtemp(), "kernel.o")
-    shutil.copyfile(objects[0], obj)
+    shutil.copyfile(cached, obj)
 
     x = reference.make_inputs(2, 1000, 4, device="cuda", generator=torch.Generator().manual_seed(0))
     B, T, H, K = x["q"].shape
@@ -72,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     equal = {name: bool(torch.equal(outs[name].view(torch.int16), getattr(ref, name).view(torch.int16)))
              for name in outs}
     result = {
-        "object": objects[0],
+        "object": str(cached),
         "process_start_to_torch_cuda_ready_s": round(t_torch - t_start, 3),
         "dsl_free_link_and_load_ms": round((t_loaded - t0) * 1e3, 2),
         "dsl_free_first_result_ms": round((t_first - t0) * 1e3, 2),

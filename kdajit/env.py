@@ -39,6 +39,14 @@ def _flag(name: str) -> bool:
     return _get(name, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
+    """KDAJIT_<name>, stripped and lowercased (unset or empty: `default`), one of `allowed`; else ValueError."""
+    value = _get(name).strip().lower() or default
+    if value not in allowed:
+        raise ValueError(f"KDAJIT_{name}={value!r} is not valid; expected one of {allowed}")
+    return value
+
+
 def cache_dir() -> str | None:
     return _get("CACHE_DIR") or None
 
@@ -119,10 +127,7 @@ AUTOTUNE_MODES = ("off", "cached", "on", "force")
 
 
 def autotune_mode() -> str:
-    mode = _get("AUTOTUNE", "cached").strip().lower() or "cached"
-    if mode not in AUTOTUNE_MODES:
-        raise ValueError(f"KDAJIT_AUTOTUNE={mode!r} is not valid; expected one of {AUTOTUNE_MODES}")
-    return mode
+    return _choice("AUTOTUNE", "cached", AUTOTUNE_MODES)
 
 
 def strict_bitwise() -> bool:
@@ -133,10 +138,7 @@ LOADERS = ("dsl", "linked")
 
 
 def object_loader() -> str:
-    loader = _get("LOADER", "dsl").strip().lower() or "dsl"
-    if loader not in LOADERS:
-        raise ValueError(f"KDAJIT_LOADER={loader!r} is not valid; expected one of {LOADERS}")
-    return loader
+    return _choice("LOADER", "dsl", LOADERS)
 
 
 def c_compiler() -> str:
