@@ -87,7 +87,7 @@ def export_bundle(root: Path, out: Path, *, archs: list[str] | None, spec: str |
         except (OSError, ValueError) as e:
             skipped.append({"relpath": where.relpath, "status": "bad record", "reason": str(e)})
             continue
-        data = json.dumps(record.to_json(), indent=1, sort_keys=True).encode()
+        data = tune_records.record_bytes(record)
         manifest["records"].append({"relpath": where.relpath, "bytes": len(data), "sha256": _sha(data)})
         payload.append((f"records/{where.relpath}", data))
     result = {"bundle": str(out), "root": str(root), "exported": len(manifest["entries"]),

@@ -24,3 +24,5 @@ class ForwardOutput(NamedTuple):
 
 # The torch dtype of each beta dtype name of kdajit.keys.BETA_DTYPES (the names keys and the CLI use).
 BETA_TORCH_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# The cu_seqlens dtype of each varlen mode of kdajit.keys.VARLEN_MODES but "dense".
+CU_SEQLENS_TORCH_DTYPES: dict[str, torch.dtype] = {"cu32": torch.int32, "cu64": torch.int64}

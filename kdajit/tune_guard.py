@@ -15,7 +15,8 @@ import torch
 
 from kdajit import reference
 from kdajit.keys import ForwardSpec
-from kdajit.outputs import BETA_TORCH_DTYPES, ForwardOutput
+from kdajit.outputs import BETA_TORCH_DTYPES, CU_SEQLENS_TORCH_DTYPES, ForwardOutput
+from kdajit.validate import SAFE_GATE_LOWER_BOUND as SAFE_GATE_BOUND
 
 Inputs = dict[str, torch.Tensor]
 # (probe name, B, T or None, H, varlen lengths or None, gate): T None with varlen lengths.
@@ -24,8 +25,6 @@ _DENSE_PROBES = (("partial-last-chunk", 2, 1000, 3, None, "random"), ("one-token
 _VARLEN_PROBES = (("sequence-boundaries", 1, None, 3, (1, 63, 65, 64, 127, 1, 300), "random"),
                   ("one-token-sequences", 1, None, 2, (1, 1, 1), "random"),
                   ("steepest-safe-gate", 1, None, 2, (200, 56), "steepest"))
-_CU_DTYPES = {"cu32": torch.int32, "cu64": torch.int64}
-SAFE_GATE_BOUND = -5.0  # the per-token natural-log gate's lower bound of the safe-gate contract
 
 
 def make_problem(spec: ForwardSpec, batch: int, heads: int, *, tokens: int | None = None,
@@ -39,7 +38,7 @@ def make_problem(spec: ForwardSpec, batch: int, heads: int, *, tokens: int | Non
     if spec.varlen != "dense":
         if lengths is None:
             lengths = (tokens,) * batch
-        cu = torch.tensor((0,) + tuple(lengths)).cumsum(0).to(_CU_DTYPES[spec.varlen])
+        cu = torch.tensor((0,) + tuple(lengths)).cumsum(0).to(CU_SEQLENS_TORCH_DTYPES[spec.varlen])
         batch, tokens = 1, sum(lengths)
     x = reference.make_inputs(batch, tokens, heads, spec.head_k, spec.head_v, beta_dtype=beta_dtype,
                               cu_seqlens=cu, generator=gen, chunk_size=spec.chunk)

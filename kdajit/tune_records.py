@@ -55,6 +55,11 @@ def config_from_json(d: object) -> FusedConfig:
     raise ValueError(f"config {config.slug()} is not in today's configuration space")
 
 
+def bucket_parts(tokens: int, heads: int, seqs: int) -> tuple[int, int, int]:
+    """(tokens, heads, seqs) of a call's workload bucket: tokens and sequences rounded up to powers of two."""
+    return pow2_ceil(tokens), heads, pow2_ceil(seqs)
+
+
 @dataclass(frozen=True)
 class WorkloadBucket:
     """The part of a call's runtime shape that tuning depends on: total tokens (B * T, rounded up to
@@ -66,7 +71,7 @@ class WorkloadBucket:
 
     @classmethod
     def of(cls, tokens: int, heads: int, seqs: int) -> WorkloadBucket:
-        return cls(pow2_ceil(tokens), heads, pow2_ceil(seqs))
+        return cls(*bucket_parts(tokens, heads, seqs))
 
     def slug(self) -> str:
         return f"t{self.tokens}-h{self.heads}-s{self.seqs}"
@@ -213,12 +218,17 @@ def read_record(root: Path, key: TuningKey, fingerprint: str) -> TuningRecord | 
     return record
 
 
+def record_bytes(record: TuningRecord) -> bytes:
+    """A record's file content (canonical JSON)."""
+    return json.dumps(record.to_json(), indent=1, sort_keys=True).encode()
+
+
 def write_record(root: Path, record: TuningRecord) -> Path:
     """Publish `record` (atomic replace of the key's file, private directories). Raises OSError."""
     relpath = record_relpath(record.key, record.toolchain)
     parent = makedirs_private(root, cache_layout.parse_record_relpath(relpath).parent_relpath)
     path = parent / relpath.rsplit("/", 1)[1]
-    cache_files.write_file_atomic(path, json.dumps(record.to_json(), indent=1, sort_keys=True).encode())
+    cache_files.write_file_atomic(path, record_bytes(record))
     return path
 
 

@@ -157,22 +157,22 @@ def may_tune() -> bool:
 
 
 def _memo_key(spec: ForwardSpec, device_index: int, tokens: int, heads: int, seqs: int) -> tuple:
-    return spec, device_index, tune_records.pow2_ceil(tokens), heads, tune_records.pow2_ceil(seqs)
+    return spec, device_index, *tune_records.bucket_parts(tokens, heads, seqs)
 
 
 def config_for(spec: ForwardSpec, device_index: int, tokens: int, heads: int, seqs: int,
                prepare: tune_guard.Prepare, shape: Callable[[], TuneShape]) -> FusedConfig:
     """The fused configuration a call runs (the hot path: one dict lookup once its workload bucket has
     been seen); `prepare` and `shape` are used only when this call has to tune (mode on/force)."""
-    choice = _CHOICES.get(_memo_key(spec, device_index, tokens, heads, seqs))
+    memo = _memo_key(spec, device_index, tokens, heads, seqs)
+    choice = _CHOICES.get(memo)
     if choice is not None:
         return choice
-    return _config_slow(spec, device_index, tokens, heads, seqs, prepare, shape)
+    return _config_slow(memo, spec, device_index, tokens, heads, seqs, prepare, shape)
 
 
-def _config_slow(spec, device_index, tokens, heads, seqs, prepare, shape) -> FusedConfig:
+def _config_slow(memo, spec, device_index, tokens, heads, seqs, prepare, shape) -> FusedConfig:
     with _LOCK:
-        memo = _memo_key(spec, device_index, tokens, heads, seqs)
         mode = env.autotune_mode()
         if mode == "off" or tokens == 0:  # an empty call launches nothing: nothing to time
             _CHOICES[memo] = REFERENCE

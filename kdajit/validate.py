@@ -15,10 +15,12 @@ import torch
 
 from kdajit import env
 from kdajit.keys import ARG_ALIGNMENT, CHUNK_SIZES, HEAD_DIMS
-from kdajit.outputs import BETA_TORCH_DTYPES
+from kdajit.outputs import BETA_TORCH_DTYPES, CU_SEQLENS_TORCH_DTYPES
 
 _BETA_DTYPES = {dtype: name for name, dtype in BETA_TORCH_DTYPES.items()}
-_CU_DTYPES = {torch.int32: "cu32", torch.int64: "cu64"}
+_CU_DTYPES = {dtype: name for name, dtype in CU_SEQLENS_TORCH_DTYPES.items()}
+# kdajit's safe-gate contract: every per-token natural-log gate >= this (KDA's lower-bound gate).
+SAFE_GATE_LOWER_BOUND = -5.0
 _MAX_INDEX = 2**31 - 1  # also the CUDA grid x limit (chunks)
 _MAX_GRID_YZ = 65535  # CUDA grid y (heads) and z (batch) limits
 _FP32_MAX = 3.4028234663852886e38

@@ -29,8 +29,6 @@ from kdajit import api, validate
 
 SUPPORTED_FLA_VERSIONS = ("0.6.0",)
 BACKEND_NAME = "kdajit"
-# kdajit's safe-gate contract: every per-token natural-log gate >= -5.
-SAFE_GATE_LOWER_BOUND = -5.0
 
 logger = logging.getLogger(__name__)
 _state = {"enabled": False, "registered": False}
@@ -77,8 +75,8 @@ def intra_decline_reason(q, k, v, gk=None, beta=None, scale=None, cu_seqlens=Non
         return reason
     if safe_gate is not True:
         return f"safe_gate={safe_gate!r}: kdajit implements only the safe-gate path"
-    if lower_bound is not None and not lower_bound >= SAFE_GATE_LOWER_BOUND:
-        return f"lower_bound={lower_bound!r} is below kdajit's safe-gate bound {SAFE_GATE_LOWER_BOUND}"
+    if lower_bound is not None and not lower_bound >= validate.SAFE_GATE_LOWER_BOUND:
+        return f"lower_bound={lower_bound!r} is below kdajit's safe-gate bound {validate.SAFE_GATE_LOWER_BOUND}"
     if gk is None or beta is None:
         return "gk and beta are required"
     if not isinstance(disable_recompute, bool):
