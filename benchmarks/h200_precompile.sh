@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Cross-compile (CPU, no GPU needed) every kernel a benchmarks/h200_session.sh call needs, and pack them as
-# .gpu-cache/cpu.tar.xz (carry it with the call): every reference kernel for sm_90a, the fused configuration
-# space for the benchmark and fused-test specializations, and the fused_phases variants.
-#   bash benchmarks/h200_precompile.sh          (~7 min on 2 cores; the tarball is stale once templates change)
+# .gpu-cache/cpu.tar.xz (carry it with the call): every reference kernel of bf16 K = V = 128 for sm_90a, the
+# coverage tests' fp16 and K = 64 / 256 kernels, the fused configuration space for the benchmark and
+# fused-test specializations, and the fused_phases variants.
+#   bash benchmarks/h200_precompile.sh          (~11 min on 2 cores; the tarball is stale once templates change)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=.gpu-cache/cpu
@@ -14,13 +15,18 @@ from kdajit.keys import FUSED_CONFIG_SPACE
 for c in FUSED_CONFIG_SPACE[1:]:
     print(";".join(f"{k}={str(v).lower()}" for k, v in dataclasses.asdict(c).items()))')
 precompile() { python -m kdajit precompile --cache-dir "$root" --arch sm_90a --no-progress "$@" | tail -1; }
+fused_bf16_128() { precompile --only fused_forward --io bf16 --kv 128 "$@"; }  # the fused configuration space
 python benchmarks/fused_phases.py --export .gpu-cache/phases
-precompile                                                                            # every reference kernel
-precompile --only fused_forward --beta bf16,fp32 --varlen dense --qg off "${configs[@]}"  # bench_forward rows
-precompile --only fused_forward --beta fp32 --varlen dense --qg on "${configs[@]}"        # tests/test_gpu_fused.py
-precompile --only fused_forward --beta bf16 --varlen cu64 --qg off "${configs[@]}"
-precompile --only fused_forward --beta bf16 --varlen cu32 --qg on \
+precompile --io bf16 --kv 128                                      # every reference kernel of bf16 K = V = 128
+# tests/test_gpu_coverage.py: fp16 and K = V = 64, 256 with beta in the io dtype, dense and cu32, QG on
+persistent_c1="persistent=true;ctas_per_sm=1;raster=head;loads_ahead=1"
+precompile --io fp16 --beta fp16 --kv 64,128,256 --varlen dense,cu32 --qg on --config ref --config "$persistent_c1"
+precompile --io bf16 --beta bf16 --kv 64,256 --varlen dense,cu32 --qg on --config ref --config "$persistent_c1"
+fused_bf16_128 --beta bf16,fp32 --varlen dense --qg off "${configs[@]}"  # bench_forward rows
+fused_bf16_128 --beta fp32 --varlen dense --qg on "${configs[@]}"        # tests/test_gpu_fused.py
+fused_bf16_128 --beta bf16 --varlen cu64 --qg off "${configs[@]}"
+fused_bf16_128 --beta bf16 --varlen cu32 --qg on \
   --config "persistent=true;ctas_per_sm=2;raster=head;loads_ahead=0"
-precompile --only fused_forward --beta bf16 --varlen dense --qg on "${configs[@]}"        # stressconfigs
+fused_bf16_128 --beta bf16 --varlen dense --qg on "${configs[@]}"        # stressconfigs
 tar -C .gpu-cache -cJf .gpu-cache/cpu.tar.xz cpu phases
 ls -la .gpu-cache/cpu.tar.xz

@@ -27,19 +27,16 @@ if [[ -f .gpu-cache/cpu.tar.xz ]]; then
   cp -a /tmp/precompiled/cpu "$KDAJIT_CACHE_DIR"
   export KDAJIT_TEST_CPU_CACHE=/tmp/precompiled/cpu
 fi
-# FLA's Triton kernels (the FLA stages) compile and autotune for minutes in this sandbox: a Triton cache saved
-# by an earlier call ($OUT/triton.tar.xz, copied to .gpu-cache/triton.tar.xz and carried) skips that. A whole
-# cache too large to carry beside the bundle (> 8 MB compressed) is saved as its autotuning results alone
-# (*.autotune.json: each kernel then compiles only its chosen configuration).
+# FLA's Triton kernels (the FLA stages) compile and autotune for minutes in this sandbox. Their autotuning
+# results (*.autotune.json), saved by an earlier call ($OUT/triton.tar.xz, copied to .gpu-cache/triton.tar.xz
+# and carried), skip the autotuning: each kernel then compiles only its chosen configuration. The whole cache
+# (~250 MB of compiled kernels) is too large to carry, and packing it took minutes.
 triton_cache="${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
 if [[ -f .gpu-cache/triton.tar.xz ]]; then
   mkdir -p "$triton_cache" && tar -C "$triton_cache" -xJf .gpu-cache/triton.tar.xz
 fi
 save_triton_cache() {
-  tar -C "$triton_cache" -cJf "$out/triton.tar.xz" . || return
-  if (( $(stat -c %s "$out/triton.tar.xz") > 8000000 )); then
-    (cd "$triton_cache" && find . -name '*.autotune.json' -print0 | tar --null -cJf "$out/triton.tar.xz" -T -)
-  fi
+  (cd "$triton_cache" && find . -name '*.autotune.json' -print0 | tar --null -cJf "$out/triton.tar.xz" -T -)
   ls -la "$out/triton.tar.xz"
 }
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.mem --format=csv,noheader

@@ -1,9 +1,10 @@
 """From command-line words to kernel keys: `precompile`'s cross product and `why`/`show`'s key syntax.
 
 Key syntax (what `kdajit cache ls` prints in its SPEC column, i.e. `key.spec_slug()`):
-    akk_inverse.varlen-dense.chunk-64
-    recompute_wu.beta_dtype-bf16.varlen-cu32.head_k-128.head_v-128.chunk-64.output_qg-false
-optionally followed by `@<arch>` (default: --arch, else the current arch); or the key's JSON.
+    akk_inverse.varlen-dense.chunk-64.io_dtype-bf16
+    recompute_wu.beta_dtype-bf16.varlen-cu32.head_k-128.head_v-128.chunk-64.output_qg-false.io_dtype-bf16
+optionally followed by `@<arch>` (default: --arch, else the current arch); or the key's JSON. A field
+with a default (io_dtype: bf16) may be left out.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from kdajit import keys as kkeys
 from kdajit.keys import ForwardSpec, KernelConfig, key_from_json
 
 QG_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
-_FIELD_CHOICES = {"beta_dtype": kkeys.BETA_DTYPES, "varlen": kkeys.VARLEN_MODES, "head_k": kkeys.HEAD_DIMS,
+_FIELD_CHOICES = {"io_dtype": kkeys.IO_DTYPES, "beta_dtype": kkeys.BETA_DTYPES, "varlen": kkeys.VARLEN_MODES, "head_k": kkeys.HEAD_DIMS,
                   "head_v": kkeys.HEAD_DIMS, "chunk": kkeys.CHUNK_SIZES, "arch": kkeys.ARCHS}
 
 
@@ -85,7 +86,7 @@ def _typed(text: str, type_name, what: str):
 
 def expand(archs: list[str], betas: list[str], varlens: list[str], kvs: list[tuple[int, int]],
            chunks: list[int], qgs: list[bool], only: list[str] | None = None,
-           configs: list[str] | None = None) -> list:
+           configs: list[str] | None = None, ios: list[str] = ("bf16",)) -> list:
     """The distinct kernel keys of the cross product of ForwardSpec fields (validated), sorted.
 
     Keys that do not depend on a field (the inverse has no beta or head dims) appear once. Each config
@@ -98,8 +99,9 @@ def expand(archs: list[str], betas: list[str], varlens: list[str], kvs: list[tup
         raise ValueError(f"--only {sorted(unknown)}: kernels are {sorted(kkeys.KEY_TYPES)}")
     configs = configs or ["ref"]
     found, used = {}, set()
-    for arch, beta, varlen, (head_k, head_v), chunk, qg in itertools.product(archs, betas, varlens, kvs, chunks, qgs):
-        spec = ForwardSpec(beta, varlen, head_k, head_v, chunk, qg, arch)
+    for arch, beta, varlen, (head_k, head_v), chunk, qg, io in itertools.product(archs, betas, varlens, kvs, chunks,
+                                                                                  qgs, ios):
+        spec = ForwardSpec(beta, varlen, head_k, head_v, chunk, qg, arch, io)
         for key in spec.kernel_keys():
             if key.TEMPLATE not in only_set:
                 continue
@@ -133,7 +135,7 @@ def parse_key(text: str, arch: str | None = None, config: str | None = None):
         if not sep or name not in fields:
             raise ValueError(f"{part!r} in {text!r}: expected <field>-<value> with fields {list(fields)}")
         values[name] = _typed(value, fields[name].type, name)
-    missing = [n for n in fields if n not in values]
+    missing = [n for n, f in fields.items() if n not in values and f.default is dataclasses.MISSING]
     if missing:
         raise ValueError(f"{text!r} lacks {missing}; write it as `kdajit cache ls` prints it, e.g. "
                          f"{cls.TEMPLATE}." + ".".join(f"{n}-..." for n in fields))

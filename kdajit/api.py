@@ -25,9 +25,10 @@ class _Kernels(NamedTuple):
 
 @functools.lru_cache(maxsize=None)
 def _spec(beta_dtype: str, varlen: str, head_k: int, head_v: int, chunk: int, output_qg: bool,
-          device_index: int) -> ForwardSpec:
+          device_index: int, io_dtype: str = "bf16") -> ForwardSpec:
     """The specialization of a call (memoized: building it costs more than the lookups)."""
-    return ForwardSpec(beta_dtype, varlen, head_k, head_v, chunk, output_qg, compiler.current_arch(device_index))
+    return ForwardSpec(beta_dtype, varlen, head_k, head_v, chunk, output_qg, compiler.current_arch(device_index),
+                       io_dtype)
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,7 +43,8 @@ def _kernels(problem, chunk: int, output_qg: bool, device_index: int, *, intra: 
     stages run on an arch that has one and KDAJIT_FORWARD_ROUTE allows it, else intra + inverse
     and/or recompute. The fused kernel runs in `fused_config`, else in the configuration the tuner
     picks for the workload (`seqs` sequences; `shape` describes the call if it has to be tuned)."""
-    spec = _spec(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk, output_qg, device_index)
+    spec = _spec(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk, output_qg, device_index,
+                 problem.io_dtype)
     fused_route = intra and recompute and spec.uses_fused and env.forward_route() == "auto"
     if fused_config is not None and not fused_route:
         raise ValueError(f"fused_config={fused_config} was given, but this call runs the standalone kernels "
@@ -96,9 +98,9 @@ def _given_outputs(out: ForwardOutput | None, names: tuple[str, ...]) -> dict:
 
 
 def _output(out: ForwardOutput | None, name: str, shape, like: torch.Tensor) -> torch.Tensor:
-    """The caller's (validated) `out` field, or a fresh output tensor."""
+    """The caller's (validated) `out` field, or a fresh output tensor in `like`'s dtype."""
     if out is None:
-        return torch.empty(shape, dtype=torch.bfloat16, device=like.device)
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
     return getattr(out, name)
 
 
@@ -130,7 +132,7 @@ def _run_intra(q, k, gk, beta, scale, cu, kernels, Aqk, Akk) -> None:
 
 def _run_recompute(k, v, beta, Akk, gk, q, cu, kernels, w, u, kg, qg) -> None:
     if k.numel():
-        q_arg = q if q is not None else _dummy(k.device, torch.bfloat16, (1, 1, 1, k.shape[-1]))
+        q_arg = q if q is not None else _dummy(k.device, k.dtype, (1, 1, 1, k.shape[-1]))
         qg_arg = qg if qg is not None else q_arg
         _launch(kernels.recompute, RecomputeWUKey, k=k, v=v, beta=beta, Akk=Akk, gk=gk, q=q_arg, w=w, u=u, kg=kg,
                 qg=qg_arg, cu_seqlens=cu)
@@ -138,7 +140,7 @@ def _run_recompute(k, v, beta, Akk, gk, q, cu, kernels, w, u, kg, qg) -> None:
 
 def _run_fused(q, k, v, gk, beta, scale, cu, kernels, Aqk, Akk, w, u, kg, qg) -> None:
     if k.numel():
-        qg_arg = qg if qg is not None else _dummy(k.device, torch.bfloat16, (1, 1, 1, k.shape[-1]))
+        qg_arg = qg if qg is not None else _dummy(k.device, k.dtype, (1, 1, 1, k.shape[-1]))
         _launch(kernels.fused, FusedForwardKey, q=q, k=k, v=v, gk=gk, beta=beta, Aqk=Aqk, Akk=Akk, w=w, u=u, kg=kg,
                 qg=qg_arg, cu_seqlens=cu, scale=scale, max_ctas=kernels.fused_max_ctas)
 
@@ -159,8 +161,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
             output_qg: bool = False, safe_gate: bool = True, out: ForwardOutput | None = None) -> ForwardOutput:
     """The whole KDA forward intra stage: Aqk, Akk = (I+L)^-1, W, U, KG (and QG if `output_qg`).
 
-    q, k: bf16 [B, T, H, K]; v: bf16 [B, T, H, V]; gk: fp32 chunk-local cumulative log2 gate
-    [B, T, H, K]; beta: bf16 or fp32 [B, T, H]; scale defaults to K ** -0.5; cu_seqlens: int32 or
+    q, k: bf16 or fp16 [B, T, H, K], K in {64, 128, 256}; v: [B, T, H, V] (V == K) in q's dtype; gk:
+    fp32 chunk-local cumulative log2 gate [B, T, H, K]; beta: bf16, fp16 or fp32 [B, T, H]; the
+    outputs have q's dtype; scale defaults to K ** -0.5; cu_seqlens: int32 or
     int64 [N+1] with B == 1 for packed sequences. On sm_90a one fused kernel computes everything;
     elsewhere (or with KDAJIT_FORWARD_ROUTE=standalone) intra, inverse and recompute run in turn. Both
     routes are bitwise equal to `recompute_w_u(k, v, beta, intra(...)[1], gk, q=...)`. `out`:
@@ -226,7 +229,7 @@ def _fused_launcher(config: FusedConfig, x: dict, out: ForwardOutput) -> Callabl
 
 def tune(batch: int, tokens: int, heads: int, *, beta_dtype: str = "bf16", varlen: str = "dense",
          lengths: tuple[int, ...] | None = None, head_k: int = 128, head_v: int = 128, chunk_size: int = 64,
-         output_qg: bool = False, force: bool = False, device: int | None = None,
+         output_qg: bool = False, io_dtype: str = "bf16", force: bool = False, device: int | None = None,
          progress: tuner.Progress | None = None) -> tune_records.TuningRecord:
     """Tune the fused kernel for one specialization and workload on this GPU, and store the record.
 
@@ -236,7 +239,7 @@ def tune(batch: int, tokens: int, heads: int, *, beta_dtype: str = "bf16", varle
     the tuning inputs and edge-case probes; only those are timed; the winner (ties within 1% go to
     the earlier configuration) is stored for the workload's bucket, where `forward` finds it
     (KDAJIT_AUTOTUNE=cached, the default). Already timed candidates are kept unless `force`.
-    Returns the record (`kdajit cache ls` lists it).
+    `io_dtype` is the dtype of q, k, v ("bf16" or "fp16"). Returns the record (`kdajit cache ls` lists it).
     """
     if varlen != "dense" and (lengths is None or batch != 1):
         raise ValueError(f"varlen={varlen!r} tunes packed sequences: pass lengths=(...) and batch=1 "
@@ -255,7 +258,7 @@ def tune(batch: int, tokens: int, heads: int, *, beta_dtype: str = "bf16", varle
     if device is not None and (type(device) is not int or not 0 <= device < torch.cuda.device_count()):
         raise ValueError(f"device={device!r} must be a CUDA device index in [0, {torch.cuda.device_count()})")
     device_index = torch.cuda.current_device() if device is None else device
-    spec = _spec(beta_dtype, varlen, head_k, head_v, chunk_size, bool(output_qg), device_index)
+    spec = _spec(beta_dtype, varlen, head_k, head_v, chunk_size, bool(output_qg), device_index, io_dtype)
     if not spec.uses_fused or env.forward_route() != "auto":
         raise ValueError(f"nothing to tune on arch {spec.arch} with KDAJIT_FORWARD_ROUTE={env.forward_route()}: "
                          f"the standalone kernels have one configuration each; expected an sm_90a GPU and the "
@@ -269,7 +272,7 @@ def tune(batch: int, tokens: int, heads: int, *, beta_dtype: str = "bf16", varle
 def intra(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor, scale: float | None = None, *,
           cu_seqlens: torch.Tensor | None = None, chunk_size: int = 64,
           safe_gate: bool = True, out: ForwardOutput | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Aqk (bf16 [B, T, H, chunk]) and Akk = (I + L)^-1 (bf16 [B, T, H, chunk]); see `forward`.
+    """Aqk ([B, T, H, chunk]) and Akk = (I + L)^-1 ([B, T, H, chunk]), in q's dtype; see `forward`.
 
     `out`: optional preallocated outputs (only its Aqk and Akk are used).
     """

@@ -85,8 +85,7 @@ def precompile_keys(args: argparse.Namespace, check_supported: bool = True) -> l
 
 def _cross_product(args: argparse.Namespace, current_arch) -> list:
     archs = keyspec.split_words(args.arch) or [current_arch()]
-    kvs = [keyspec.parse_kv(w) for w in keyspec.split_words(args.kv)] or \
-        [(k, v) for k in keys.HEAD_DIMS for v in keys.HEAD_DIMS]
+    kvs = [keyspec.parse_kv(w) for w in keyspec.split_words(args.kv)] or [(d, d) for d in keys.HEAD_DIMS]
     chunks = []
     for w in keyspec.split_words(args.chunk):
         try:
@@ -102,6 +101,7 @@ def _cross_product(args: argparse.Namespace, current_arch) -> list:
         qgs=list(keyspec.QG_CHOICES[args.qg]),
         only=keyspec.split_words(args.only) or None,
         configs=list(args.config or []) or None,
+        ios=keyspec.split_words(args.io) or list(keys.IO_DTYPES),
     )
 
 
@@ -178,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "without a GPU. Lists are comma-separated or repeated; each defaults to "
                                    "every supported value (--arch: the current arch).")
     p.add_argument("--arch", action="append", help=f"SM archs, of {', '.join(keys.ARCHS)}")
+    p.add_argument("--io", action="append", help=f"q/k/v dtypes, of {', '.join(keys.IO_DTYPES)}")
     p.add_argument("--beta", action="append", help=f"beta dtypes, of {', '.join(keys.BETA_DTYPES)}")
     p.add_argument("--varlen", action="append", help=f"varlen modes, of {', '.join(keys.VARLEN_MODES)}")
     p.add_argument("--kv", action="append", help="head dims: K (V=K) or KxV, e.g. 128 or 128x128")

@@ -1,7 +1,7 @@
 """Specialization and compile keys: frozen dataclasses, and nothing else, decide what gets compiled.
 
 `ForwardSpec` is what a user call selects (beta dtype, varlen mode, head dims, chunk size, QG on
-request, SM arch). Each kernel template has its own key class holding exactly the fields its
+request, SM arch, q/k/v dtype). Each kernel template has its own key class holding exactly the fields its
 generated code depends on, plus its tunable config (`KernelConfig`; `FusedConfig` for the fused
 kernel). Runtime shapes (B, T, H, N) are never in a key: the kernels take them as symbolic sizes.
 
@@ -15,10 +15,12 @@ import json
 from dataclasses import dataclass
 from typing import ClassVar
 
-BETA_DTYPES = ("bf16", "fp32")
+BETA_DTYPES = ("bf16", "fp16", "fp32")
+# dtype of q, k, v and of every 16-bit output (Aqk, Akk, W, U, KG, QG): the MMA operand type.
+IO_DTYPES = ("bf16", "fp16")
 # "dense": equal-length batch [B, T]; "cu32"/"cu64": packed sequences with int32/int64 cu_seqlens.
 VARLEN_MODES = ("dense", "cu32", "cu64")
-HEAD_DIMS = (128,)
+HEAD_DIMS = (64, 128, 256)  # K = V only: each K is a specialization of every template
 CHUNK_SIZES = (64,)
 # Base-address alignment (bytes) the kernels assume: the fake tensors' `assumed_align` in
 # templates/common.py `SymbolicShapes`. kdajit.validate checks exactly these before any launch.
@@ -90,8 +92,9 @@ class KernelArg:
     launch are both built from (by name, so two same-typed tensors cannot be swapped).
 
     `name`: the API's name (kdajit.validate.ALIGNMENT's for tensors). `kind`: "bthd" ([B, T, H, D],
-    D the key field `last`), "bth" ([B, T, H]), "seq" ([N + 1] vector) or "scalar". `dtype`: "bf16",
-    "fp32", "int32", "beta" (the key's beta dtype) or "cu" (its cu_seqlens dtype). `qg_only`: read or
+    D the key field `last`), "bth" ([B, T, H]), "seq" ([N + 1] vector) or "scalar". `dtype`: "io" (the
+    key's io_dtype: bf16 or fp16), "fp32", "int32", "beta" (the key's beta dtype) or "cu" (its
+    cu_seqlens dtype). `qg_only`: read or
     written only when the key's output_qg is set; otherwise it has sizes of its own, so the API may
     pass a small dummy."""
 
@@ -113,7 +116,7 @@ def _args(*specs: str) -> tuple[KernelArg, ...]:
 
 
 _SEQ = ("cu_seqlens:seq:cu",)
-_WU_OUTPUTS = ("w:bthd:bf16:head_k", "u:bthd:bf16:head_v", "kg:bthd:bf16:head_k", "qg:bthd:bf16:head_k:qg_only")
+_WU_OUTPUTS = ("w:bthd:io:head_k", "u:bthd:io:head_v", "kg:bthd:io:head_k", "qg:bthd:io:head_k:qg_only")
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,7 @@ class IntraKey(_KernelKey):
 
     TEMPLATE: ClassVar[str] = "intra"
     ARGS: ClassVar[tuple[KernelArg, ...]] = _args(
-        "q:bthd:bf16:head_k", "k:bthd:bf16:head_k", "gk:bthd:fp32:head_k", "beta:bth:beta", "Aqk:bthd:bf16:chunk",
+        "q:bthd:io:head_k", "k:bthd:io:head_k", "gk:bthd:fp32:head_k", "beta:bth:beta", "Aqk:bthd:io:chunk",
         "L:bthd:fp32:chunk", *_SEQ, "scale:scalar:fp32")
     beta_dtype: str
     varlen: str
@@ -159,6 +162,7 @@ class IntraKey(_KernelKey):
     chunk: int
     arch: str
     config: KernelConfig = KernelConfig()
+    io_dtype: str = "bf16"
 
 
 @dataclass(frozen=True)
@@ -166,11 +170,12 @@ class AkkInverseKey(_KernelKey):
     """Akk = (I + L)^-1 from the fp32 L workspace."""
 
     TEMPLATE: ClassVar[str] = "akk_inverse"
-    ARGS: ClassVar[tuple[KernelArg, ...]] = _args("L:bthd:fp32:chunk", "Akk:bthd:bf16:chunk", *_SEQ)
+    ARGS: ClassVar[tuple[KernelArg, ...]] = _args("L:bthd:fp32:chunk", "Akk:bthd:io:chunk", *_SEQ)
     varlen: str
     chunk: int
     arch: str
     config: KernelConfig = KernelConfig()
+    io_dtype: str = "bf16"
 
 
 @dataclass(frozen=True)
@@ -192,9 +197,10 @@ class RecomputeWUKey(_SpecKey):
 
     TEMPLATE: ClassVar[str] = "recompute_wu"
     ARGS: ClassVar[tuple[KernelArg, ...]] = _args(
-        "k:bthd:bf16:head_k", "v:bthd:bf16:head_v", "beta:bth:beta", "Akk:bthd:bf16:chunk", "gk:bthd:fp32:head_k",
-        "q:bthd:bf16:head_k:qg_only", *_WU_OUTPUTS, *_SEQ)
+        "k:bthd:io:head_k", "v:bthd:io:head_v", "beta:bth:beta", "Akk:bthd:io:chunk", "gk:bthd:fp32:head_k",
+        "q:bthd:io:head_k:qg_only", *_WU_OUTPUTS, *_SEQ)
     config: KernelConfig = KernelConfig()
+    io_dtype: str = "bf16"
 
 
 @dataclass(frozen=True)
@@ -203,10 +209,11 @@ class FusedForwardKey(_SpecKey):
 
     TEMPLATE: ClassVar[str] = "fused_forward"
     ARGS: ClassVar[tuple[KernelArg, ...]] = _args(
-        "q:bthd:bf16:head_k", "k:bthd:bf16:head_k", "v:bthd:bf16:head_v", "gk:bthd:fp32:head_k", "beta:bth:beta",
-        "Aqk:bthd:bf16:chunk", "Akk:bthd:bf16:chunk", *_WU_OUTPUTS, *_SEQ, "scale:scalar:fp32", "max_ctas:scalar:int32")
+        "q:bthd:io:head_k", "k:bthd:io:head_k", "v:bthd:io:head_v", "gk:bthd:fp32:head_k", "beta:bth:beta",
+        "Aqk:bthd:io:chunk", "Akk:bthd:io:chunk", *_WU_OUTPUTS, *_SEQ, "scale:scalar:fp32", "max_ctas:scalar:int32")
     CONFIG: ClassVar[type] = FusedConfig
     config: FusedConfig = FusedConfig()
+    io_dtype: str = "bf16"
 
 
 KEY_TYPES = {k.TEMPLATE: k for k in (IntraKey, AkkInverseKey, RecomputeWUKey, FusedForwardKey)}
@@ -241,30 +248,35 @@ class ForwardSpec:
     chunk: int
     output_qg: bool
     arch: str
+    io_dtype: str = "bf16"
 
     def __post_init__(self) -> None:
+        _check_choice("io_dtype (q, k, v dtype)", self.io_dtype, IO_DTYPES)
         _check_choice("beta_dtype", self.beta_dtype, BETA_DTYPES)
         _check_choice("varlen", self.varlen, VARLEN_MODES)
         _check_choice("head_k (K)", self.head_k, HEAD_DIMS)
         _check_choice("head_v (V)", self.head_v, HEAD_DIMS)
+        if self.head_v != self.head_k:
+            raise ValueError(f"head_v (V)={self.head_v} with head_k (K)={self.head_k} is not supported; "
+                             f"expected V == K")
         _check_choice("chunk_size", self.chunk, CHUNK_SIZES)
         _check_choice("arch", self.arch, ARCHS)
         if not isinstance(self.output_qg, bool):
             raise ValueError(f"output_qg={self.output_qg!r} must be a bool")
 
     def intra_key(self, config: KernelConfig = KernelConfig()) -> IntraKey:
-        return IntraKey(self.beta_dtype, self.varlen, self.head_k, self.chunk, self.arch, config)
+        return IntraKey(self.beta_dtype, self.varlen, self.head_k, self.chunk, self.arch, config, self.io_dtype)
 
     def inverse_key(self, config: KernelConfig = KernelConfig()) -> AkkInverseKey:
-        return AkkInverseKey(self.varlen, self.chunk, self.arch, config)
+        return AkkInverseKey(self.varlen, self.chunk, self.arch, config, self.io_dtype)
 
     def recompute_key(self, config: KernelConfig = KernelConfig()) -> RecomputeWUKey:
         return RecomputeWUKey(self.beta_dtype, self.varlen, self.head_k, self.head_v, self.chunk,
-                              self.output_qg, self.arch, config)
+                              self.output_qg, self.arch, config, self.io_dtype)
 
     def fused_key(self, config: FusedConfig = FusedConfig()) -> FusedForwardKey:
         return FusedForwardKey(self.beta_dtype, self.varlen, self.head_k, self.head_v, self.chunk,
-                               self.output_qg, self.arch, config)
+                               self.output_qg, self.arch, config, self.io_dtype)
 
     @property
     def uses_fused(self) -> bool:

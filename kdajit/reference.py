@@ -206,13 +206,13 @@ def chunk_local_cumsum(g: torch.Tensor, chunk_size: int = 64, *, cu_seqlens: tor
 
 
 def make_inputs(B: int, T: int, H: int, K: int = 128, V: int = 128, *, beta_dtype: torch.dtype = torch.bfloat16,
-                cu_seqlens: torch.Tensor | None = None, lower_bound: float = -5.0,
+                io_dtype: torch.dtype = torch.bfloat16, cu_seqlens: torch.Tensor | None = None, lower_bound: float = -5.0,
                 device: str | torch.device = "cpu", generator: torch.Generator | None = None,
                 chunk_size: int = 64) -> dict[str, torch.Tensor]:
     """Realistic KDA forward inputs with the lower-bound ("safe") gate; all contiguous, on `device`.
 
     Returns a dict with
-        q, k: [B, T, H, K] bf16, L2-normalised over K;  v: [B, T, H, V] bf16 standard normal;
+        q, k: [B, T, H, K] in `io_dtype`, L2-normalised over K;  v: [B, T, H, V] `io_dtype` standard normal;
         g_raw: [B, T, H, K] fp32 per-token natural-log gates lower_bound * sigmoid(randn), in
             [lower_bound, 0);
         gk: [B, T, H, K] fp32, chunk-local cumsum of g_raw (restarting at every chunk and sequence
@@ -227,9 +227,9 @@ def make_inputs(B: int, T: int, H: int, K: int = 128, V: int = 128, *, beta_dtyp
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=generator, dtype=torch.float32)
 
-    q = F.normalize(randn(B, T, H, K), dim=-1).to(torch.bfloat16)
-    k = F.normalize(randn(B, T, H, K), dim=-1).to(torch.bfloat16)
-    v = randn(B, T, H, V).to(torch.bfloat16)
+    q = F.normalize(randn(B, T, H, K), dim=-1).to(io_dtype)
+    k = F.normalize(randn(B, T, H, K), dim=-1).to(io_dtype)
+    v = randn(B, T, H, V).to(io_dtype)
     g_raw = lower_bound * torch.sigmoid(randn(B, T, H, K))
     beta = torch.sigmoid(randn(B, T, H)).to(beta_dtype)
     gk = chunk_local_cumsum(g_raw, chunk_size, cu_seqlens=cu_seqlens, scale=RCP_LN2)

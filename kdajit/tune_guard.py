@@ -15,7 +15,7 @@ import torch
 
 from kdajit import reference
 from kdajit.keys import ForwardSpec
-from kdajit.outputs import BETA_TORCH_DTYPES, CU_SEQLENS_TORCH_DTYPES, ForwardOutput
+from kdajit.outputs import BETA_TORCH_DTYPES, CU_SEQLENS_TORCH_DTYPES, IO_TORCH_DTYPES, ForwardOutput
 from kdajit.validate import SAFE_GATE_LOWER_BOUND as SAFE_GATE_BOUND
 
 Inputs = dict[str, torch.Tensor]
@@ -41,7 +41,7 @@ def make_problem(spec: ForwardSpec, batch: int, heads: int, *, tokens: int | Non
         cu = torch.tensor((0,) + tuple(lengths)).cumsum(0).to(CU_SEQLENS_TORCH_DTYPES[spec.varlen])
         batch, tokens = 1, sum(lengths)
     x = reference.make_inputs(batch, tokens, heads, spec.head_k, spec.head_v, beta_dtype=beta_dtype,
-                              cu_seqlens=cu, generator=gen, chunk_size=spec.chunk)
+                              io_dtype=IO_TORCH_DTYPES[spec.io_dtype], cu_seqlens=cu, generator=gen, chunk_size=spec.chunk)
     if gate == "steepest":
         x["g_raw"] = torch.full_like(x["g_raw"], SAFE_GATE_BOUND)
         x["gk"] = reference.chunk_local_cumsum(x["g_raw"], spec.chunk, cu_seqlens=cu, scale=reference.RCP_LN2)
@@ -56,12 +56,12 @@ def probe_problems(spec: ForwardSpec, device: str | torch.device = "cuda") -> li
 
 
 def poisoned_outputs(x: Inputs, output_qg: bool, chunk: int) -> ForwardOutput:
-    """Output buffers for the problem `x`, filled with NaN."""
+    """Output buffers for the problem `x` (in q's dtype), filled with NaN."""
     q, v = x["q"], x["v"]
     B, T, H, _ = q.shape
 
     def nan(*shape: int) -> torch.Tensor:
-        return torch.full(shape, float("nan"), dtype=torch.bfloat16, device=q.device)
+        return torch.full(shape, float("nan"), dtype=q.dtype, device=q.device)
 
     return ForwardOutput(nan(B, T, H, chunk), nan(B, T, H, chunk), nan(*q.shape), nan(*v.shape), nan(*q.shape),
                          nan(*q.shape) if output_qg else None)

@@ -309,7 +309,7 @@ def _tune_locked(key, shape, prepare, previous, device, progress, timer) -> Tuni
 
 def _input_sets(x: tune_guard.Inputs, spec: ForwardSpec, device: torch.device) -> int:
     """How many input sets like `x` (with their outputs) one timing pass walks to read past the L2."""
-    rows = x["q"][..., 0].numel()  # B * T * H; every output is bf16 with one of these last dims
+    rows = x["q"][..., 0].numel()  # B * T * H; every output is 16-bit, with one of these last dims
     outputs = rows * (2 * spec.chunk + (2 + spec.output_qg) * spec.head_k + spec.head_v) * 2
     per_set = sum(t.nbytes for t in x.values()) + outputs
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20) if device.type == "cuda" else 0

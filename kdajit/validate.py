@@ -15,9 +15,10 @@ import torch
 
 from kdajit import env
 from kdajit.keys import ARG_ALIGNMENT, CHUNK_SIZES, HEAD_DIMS
-from kdajit.outputs import BETA_TORCH_DTYPES, CU_SEQLENS_TORCH_DTYPES
+from kdajit.outputs import BETA_TORCH_DTYPES, CU_SEQLENS_TORCH_DTYPES, IO_TORCH_DTYPES
 
 _BETA_DTYPES = {dtype: name for name, dtype in BETA_TORCH_DTYPES.items()}
+_IO_DTYPES = {dtype: name for name, dtype in IO_TORCH_DTYPES.items()}
 _CU_DTYPES = {dtype: name for name, dtype in CU_SEQLENS_TORCH_DTYPES.items()}
 # kdajit's safe-gate contract: every per-token natural-log gate >= this (KDA's lower-bound gate).
 SAFE_GATE_LOWER_BOUND = -5.0
@@ -43,6 +44,7 @@ class Problem:
     chunk: int
     beta_dtype: str
     varlen: str
+    io_dtype: str  # q, k, v and every output: kdajit.keys.IO_DTYPES
 
 
 def _tensor(name: str, t: object) -> torch.Tensor:
@@ -55,6 +57,13 @@ def _dtype(name: str, t: torch.Tensor, allowed: tuple[torch.dtype, ...]) -> None
     if t.dtype not in allowed:
         names = " or ".join(str(d).replace("torch.", "") for d in allowed)
         raise TypeError(f"{name} must have dtype {names}, got {str(t.dtype).replace('torch.', '')}")
+
+
+def _same_dtype(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    if t.dtype != ref.dtype:
+        dtype = str(ref.dtype).replace("torch.", "")
+        raise TypeError(f"{name} must have dtype {dtype} (the dtype of {ref_name}), got "
+                        f"{str(t.dtype).replace('torch.', '')}")
 
 
 def _shape(name: str, t: torch.Tensor, expected: tuple[int, ...], meaning: str) -> None:
@@ -177,19 +186,22 @@ def _span(t: torch.Tensor) -> tuple[torch.device, int, int]:
 
 
 def _check_outputs(outputs: dict[str, object], problem: Problem, inputs: dict[str, torch.Tensor | None]) -> None:
-    """The caller's `out=` buffers: exact shape, bf16, contiguous, aligned, and disjoint from every input and
-    from each other (a kernel reading bytes that another CTA writes would make the outputs depend on timing)."""
+    """The caller's `out=` buffers: exact shape, the inputs' dtype, contiguous, aligned, and disjoint from every
+    input and from each other (a kernel reading bytes that another CTA writes would make the outputs depend on
+    timing)."""
     if not outputs:
         return
     seen = [(name, _span(t)) for name, t in inputs.items() if t is not None and t.numel()]
+    dtype = IO_TORCH_DTYPES[problem.io_dtype]
+    dtype_name = str(dtype).replace("torch.", "")
     for name, t in outputs.items():
         shape = [problem.batch, problem.tokens, problem.heads, getattr(problem, _OUTPUT_LAST_DIM[name])]
-        if not isinstance(t, torch.Tensor) or list(t.shape) != shape or t.dtype != torch.bfloat16 \
+        if not isinstance(t, torch.Tensor) or list(t.shape) != shape or t.dtype != dtype \
                 or not t.is_contiguous() or t.data_ptr() % ALIGNMENT[name]:
             got = (f"{str(t.dtype).replace('torch.', '')} {list(t.shape)} with strides {list(t.stride())} at "
                    f"{hex(t.data_ptr())}" if isinstance(t, torch.Tensor) else type(t).__name__)
-            raise ValueError(f"out.{name} must be a contiguous, {ALIGNMENT[name]}-byte aligned bfloat16 tensor of "
-                             f"shape {shape}, got {got}")
+            raise ValueError(f"out.{name} must be a contiguous, {ALIGNMENT[name]}-byte aligned {dtype_name} tensor "
+                             f"(the inputs' dtype) of shape {shape}, got {got}")
         if not t.numel():
             continue
         device, start, end = _span(t)
@@ -211,7 +223,7 @@ def check_forward_inputs(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tenso
     """
     k = _tensor("k", k)
     ref_name, ref = ("k", k) if q is None else ("q", _tensor("q", q))
-    _dtype(ref_name, ref, (torch.bfloat16,))
+    _dtype(ref_name, ref, tuple(_IO_DTYPES))
     if ref.dim() != 4:
         raise ValueError(f"{ref_name} must be 4-D [B, T, H, K], got shape {list(ref.shape)}")
     batch, tokens, heads, head_k = ref.shape
@@ -220,7 +232,7 @@ def check_forward_inputs(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tenso
     _check_chunk_size(chunk_size)
     gk = _tensor("gk", gk)
     beta = _tensor("beta", beta)
-    _dtype("k", k, (torch.bfloat16,))
+    _same_dtype("k", k, ref_name, ref)
     _shape("k", k, (batch, tokens, heads, head_k), f"same as {ref_name}")
     _dtype("gk", gk, (torch.float32,))
     _shape("gk", gk, (batch, tokens, heads, head_k), f"same as {ref_name}")
@@ -229,19 +241,23 @@ def check_forward_inputs(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tenso
     head_v = head_k
     if v is not None:
         v = _tensor("v", v)
-        _dtype("v", v, (torch.bfloat16,))
+        _same_dtype("v", v, ref_name, ref)
         if v.dim() != 4 or tuple(v.shape[:3]) != (batch, tokens, heads):
             raise ValueError(f"v must have shape [B, T, H, V] = [{batch}, {tokens}, {heads}, V], got "
                              f"{list(v.shape)}")
         head_v = v.shape[3]
         _choice("V (v.shape[-1])", head_v, HEAD_DIMS)
+        if head_v != head_k:
+            raise NotImplementedError(f"V={head_v} (v.shape[-1]) with K={head_k} is not supported yet; supported: "
+                                      f"V == K")
     for name, t in (("q", q), ("k", k), ("v", v), ("gk", gk), ("beta", beta)):
         if t is not None:
             _layout(name, t)
     varlen = "dense"
     if cu_seqlens is not None:
         varlen = _check_cu_seqlens(_tensor("cu_seqlens", cu_seqlens), batch, tokens, chunk_size)
-    problem = Problem(batch, tokens, heads, head_k, head_v, chunk_size, _BETA_DTYPES[beta.dtype], varlen)
+    problem = Problem(batch, tokens, heads, head_k, head_v, chunk_size, _BETA_DTYPES[beta.dtype], varlen,
+                      _IO_DTYPES[ref.dtype])
     inputs = {ref_name: ref, "k": k, "v": v, "gk": gk, "beta": beta, "cu_seqlens": cu_seqlens, **more_tensors}
     outputs = outputs or {}
     _check_outputs(outputs, problem, inputs)
@@ -254,8 +270,11 @@ def check_recompute_inputs(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
                            chunk_size: int, outputs: dict[str, object] | None = None) -> Problem:
     """Validate the inputs (and the `out=` fields it writes) of `recompute_w_u`."""
     Akk = _tensor("Akk", Akk)
-    _dtype("Akk", Akk, (torch.bfloat16,))
     ref = k if q is None else q
+    if isinstance(ref, torch.Tensor) and ref.dtype in _IO_DTYPES:
+        _same_dtype("Akk", Akk, "k" if q is None else "q", ref)
+    else:
+        _dtype("Akk", Akk, tuple(_IO_DTYPES))
     if isinstance(ref, torch.Tensor) and ref.dim() == 4:
         expected = (*ref.shape[:3], chunk_size)
         _shape("Akk", Akk, expected, "[B, T, H, chunk_size]")

@@ -3,8 +3,8 @@
 Math. L is the strictly lower fp32 workspace written by the intra kernel ([B, T, H, C], column =
 position in the chunk). For a tile with v = valid_rows rows, Akk is the inverse of I + L[:v, :v]:
 unit lower triangular, exactly 1.0 on the diagonal and exactly +0.0 above it, rounded once (RN) to
-bf16. Every column of every valid row is written; rows >= v are neither read nor written. Columns
-j >= v of a valid row i < v lie above the diagonal, so they are 0.
+the key's io dtype (bf16 or fp16). Every column of every valid row is written; rows >= v are
+neither read nor written. Columns j >= v of a valid row i < v lie above the diagonal, so they are 0.
 
 Arithmetic order (this fixes the bits; docs/numerics.md repeats it). Column j of X = Akk is
     x_j = 1,  x_i = 0 (i < j),  x_i = -acc_ij (i > j), with a zero of either sign stored as +0.0,
@@ -12,7 +12,7 @@ Arithmetic order (this fixes the bits; docs/numerics.md repeats it). Column j of
 i.e. one fp32 chain per (i, j) in ascending s = j .. i-1: `mul.rn.f32` for the first term, then
 `fma.rn.f32` for each further term (the same bits as fma chains from +0.0). Nothing else touches
 the values: no contraction, no reassociation, no tensor cores, no other rounding; the result is
-rounded to bf16 once (cvt.rn). Signed zeros: every exact-zero result is stored as +0.0, so no bit
+rounded to the io dtype once (cvt.rn). Signed zeros: every exact-zero result is stored as +0.0, so no bit
 depends on how a compiler treats the sign of a zero.
 Implementation details that leave the bits unchanged:
 - A chain may start before s = j, at s = 0 (columns 0..31) or 32 (columns 32..63), with x_s = +0.0
@@ -33,7 +33,7 @@ X = [[X00, 0], [X10, X11]], lane l of a warp owns column l (X00, X10) or 32 + l 
 3. all warps: the s < 32 part of the chains of X10 (8 rows per warp, 256 FMAs per thread),
    the chain states -> smem.
 4. warp 2: continues those chains over s = 32..63 and finalizes X10 (496 FMAs per thread).
-5. all warps: bf16 tile (staged in smem) -> Akk rows < v with 16-byte stores.
+5. all warps: io-dtype tile (staged in smem) -> Akk rows < v with 16-byte stores.
 Solves are right-looking in 4-column panels: finalize x_s for the panel's own 4 rows (serial),
 then advance every lower row by 4 FMAs, with L[i, s0:s0+4] read by one broadcast 16-byte shared
 load. Register arrays are indexed by trace-time constants only. Why the 2x2 split: one warp per
@@ -42,8 +42,8 @@ load. Register arrays are indexed by trace-time constants only. Why the 2x2 spli
 three warps issue ~1.4-1.5k instructions per tile and the fourth ~0.6k, and the per-tile critical
 path is shorter.
 
-Shared memory: L 64x64 fp32 (16 KiB) + X 64x64 bf16 (8 KiB) + X00 32x32 fp32 (4 KiB) = 28,672 bytes
-per CTA; the 32x32 fp32 chain states of step 3 reuse L rows 0..15, dead after step 2.
+Shared memory: L 64x64 fp32 (16 KiB) + X 64x64 16-bit (8 KiB) + X00 32x32 fp32 (4 KiB) = 28,672
+bytes per CTA; the 32x32 fp32 chain states of step 3 reuse L rows 0..15, dead after step 2.
 
 Code: steps 2-5 are the per-tile functions of templates/tile_inverse.py, shared with the fused
 kernel; this file holds the standalone launch and step 1 (the global L load).
@@ -59,39 +59,41 @@ import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
 from kdajit.keys import AkkInverseKey
-from kdajit.templates.common import chunk_coords, fake_arguments, grid_shape, make_struct
+from kdajit.templates.common import IO_TYPES, chunk_coords, fake_arguments, grid_shape, make_struct
 from kdajit.templates.tile_inverse import (NUM_WARPS, akk_tile_layout, invert_tile, l_tile_layout,
                                            make_akk_store_copy, make_l_load_copy, store_akk_rows,
                                            x00_layout)
 
 
-def inverse_smem_struct(chunk: int):
-    """The inverse kernel's shared memory: L (fp32), Akk (bf16) and the X00 chain states (fp32)."""
+def inverse_smem_struct(chunk: int, io):
+    """The inverse kernel's shared memory: L (fp32), Akk (`io`: bf16 or fp16) and the X00 chain states
+    (fp32)."""
     S = cute.struct
     return make_struct("InverseSmem", [
         ("l", S.Align[S.MemRange[cutlass.Float32, chunk * chunk], 16]),
-        ("akk", S.Align[S.MemRange[cutlass.BFloat16, chunk * chunk], 16]),
+        ("akk", S.Align[S.MemRange[io, chunk * chunk], 16]),
         ("x00", S.Align[S.MemRange[cutlass.Float32, (chunk // 2) ** 2], 16]),
     ])
 
 
 def smem_bytes(key) -> int:
     """Shared memory of one CTA of `key`'s kernel (the module docstring states it)."""
-    return inverse_smem_struct(key.chunk).__sizeof__()
+    return inverse_smem_struct(key.chunk, IO_TYPES[key.io_dtype]).__sizeof__()
 
 
 class AkkInverse:
-    """Akk = (I + L)^-1 (bf16) from the fp32 strict-lower L workspace; one (chunk, head) per CTA."""
+    """Akk = (I + L)^-1 (io dtype) from the fp32 strict-lower L workspace; one (chunk, head) per CTA."""
 
     def __init__(self, key: AkkInverseKey) -> None:
         self.key = key
         self.chunk = key.chunk
+        self.io = IO_TYPES[key.io_dtype]
         self.varlen = key.varlen != "dense"
         self.num_threads = 32 * key.config.warps
 
     @staticmethod
     def can_implement(key: AkkInverseKey) -> bool:
-        return key.chunk == 64 and key.config.warps == NUM_WARPS
+        return key.chunk == 64 and key.config.warps == NUM_WARPS and key.io_dtype in IO_TYPES
 
     def fake_args(self) -> tuple:
         return fake_arguments(self.key)
@@ -100,7 +102,7 @@ class AkkInverse:
     def __call__(self, mL: cute.Tensor, mAkk: cute.Tensor, mCuSeqlens: cute.Tensor,
                  stream: cuda.CUstream):
         self.kernel(mL, mAkk, mCuSeqlens, make_l_load_copy(self.num_threads),
-                    make_akk_store_copy(self.num_threads)).launch(
+                    make_akk_store_copy(self.num_threads, self.io)).launch(
             grid=grid_shape(mL, mCuSeqlens, self.chunk, self.varlen), block=(self.num_threads, 1, 1),
             stream=stream)
 
@@ -113,7 +115,7 @@ class AkkInverse:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
 
-        storage = SmemAllocator().allocate(inverse_smem_struct(C))
+        storage = SmemAllocator().allocate(inverse_smem_struct(C, self.io))
         sL = storage.l.get_tensor(l_tile_layout(C))
         sX = storage.akk.get_tensor(akk_tile_layout(C))
         sX00 = storage.x00.get_tensor(x00_layout(C))
@@ -140,7 +142,7 @@ class AkkInverse:
             cute.autovec_copy(tLrL, tLsL)
             cute.arch.sync_threads()
 
-            # 2.-4. The solve; 5. X (bf16, smem) -> Akk rows < valid_rows.
+            # 2.-4. The solve; 5. X (io dtype, smem) -> Akk rows < valid_rows.
             invert_tile(sL, sX, sX00, warp_idx, lane)
             cute.arch.sync_threads()
             store_akk_rows(store_copy, sX, gAkk, tidx, valid_rows)

@@ -22,7 +22,8 @@ from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
 from kdajit.keys import ALIGN_BY_KIND, VARLEN_MODES
 
-DTYPES = {"bf16": cutlass.BFloat16, "fp32": cutlass.Float32}
+DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}  # beta
+IO_TYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}  # q, k, v and the 16-bit outputs (key.io_dtype)
 CU_SEQLENS_DTYPES = {"cu32": cutlass.Int32, "cu64": cutlass.Int64}
 
 
@@ -56,7 +57,8 @@ def fake_arguments(key) -> tuple:
     shapes = SymbolicShapes()
     # Without QG, the QG-only tensors are never touched: their own sizes let the caller pass small dummies.
     qg_shapes = shapes if getattr(key, "output_qg", False) else SymbolicShapes()
-    dtypes = {**DTYPES, "int32": cutlass.Int32, "beta": DTYPES.get(getattr(key, "beta_dtype", "")),
+    dtypes = {"fp32": cutlass.Float32, "int32": cutlass.Int32, "io": IO_TYPES[key.io_dtype],
+              "beta": DTYPES.get(getattr(key, "beta_dtype", "")),
               "cu": CU_SEQLENS_DTYPES.get(key.varlen, cutlass.Int32)}
     fakes = []
     for arg in key.ARGS:

@@ -6,23 +6,25 @@ tile_recompute.py) from the same operand values, in the order docs/numerics.md f
 operands live changes: L and Akk never leave the CTA, and k, g are read from HBM once.
 
 Per tile (4 warps, 128 threads; the phases run one after another, separated by CTA barriers):
-1. loads (`load_tile`): q, k (bf16), g (fp32) rows < v by 16-byte cp.async into padded shared
+1. loads (`load_tile`): q, k (io dtype), g (fp32) rows < v by 16-byte cp.async into padded shared
    tiles; beta into a register, converted to fp32 into a 64-entry shared vector (0 for rows >= v)
    once the tile's loads have landed; v rows by 16-byte `ld.global.nc` straight into registers
    (clamped to row v - 1, as the standalone recompute does), in flight during phases 2-3.
 2. intra (`intra_tile`): Aqk blocks -> global, L blocks -> shared fp32 (rows >= v set to +0: the
    shared state the standalone inverse builds from the workspace).
-3. inverse (`invert_tile`): Akk in shared bf16; rows < v -> global with 16-byte stores (the same
+3. inverse (`invert_tile`): Akk in shared memory (io dtype); rows < v -> global with 16-byte stores (the same
    function as the standalone inverse's last step).
 4. recompute: Akk rows -> registers -> the swizzled A tile (rows >= v zero, `store_akk`); per row,
    `gate_row` from k, g, q in shared memory, v in registers and beta from the shared vector: Kp, Vp
    -> shared B tiles, KG (QG) -> global; then W, U (`products_w_u`) -> global.
-The standalone recompute reads the bf16 Akk that step 3 stores; here the same bf16 values come from
+The standalone recompute reads the rounded Akk that step 3 stores; here the same values come from
 shared memory, so the A operand is bit-identical. Rows >= v hold values (clamped or unwritten) that are
 replaced by zero with a select or never stored, exactly as in the standalone kernels.
 
+Every 16-bit tensor (q, k, v, Akk and the outputs) has the key's io dtype, bf16 or fp16.
+
 Shared memory (`fused_smem_struct`, K = V = 128, chunk 64): work region 28,672 B (L fp32 16 KiB, X00
-fp32 4 KiB, Akk bf16 8 KiB; after the inverse the same bytes hold the swizzled Akk A tile 8 KiB and Kp
+fp32 4 KiB, Akk 8 KiB; after the inverse the same bytes hold the swizzled Akk A tile 8 KiB and Kp
 16 KiB), Vp 16,384 B, q and k 17,408 B each, g 33,792 B, beta 256 B: 113,920 B, 114,688 B with the
 struct's 1 KiB end alignment; two CTAs fit an SM (2 x (114,688 + 1,024 reserved) <= 233,472 B).
 
@@ -39,7 +41,8 @@ shared memory once the tile's loads have landed) right after the gate rows, so t
 while W and U are multiplied and stored. No buffer is added: a K = 256 tile that leaves no room
 for a second stage still works, it only overlaps less.
 Sizes are template parameters (chunk, head_k, head_v from the key); the device functions currently
-implement chunk 64, K = V = 128 (`can_implement`).
+implement chunk 64 and K = V in keys.HEAD_DIMS (`can_implement`). At K = V = 64 a CTA needs 73,728 B
+(three fit an SM); at 256, 208,896 B (one).
 """
 from __future__ import annotations
 
@@ -48,8 +51,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
-from kdajit.keys import FUSED_ARCHS, LOADS_AHEAD, RASTER_ORDERS, VARLEN_MODES, FusedForwardKey
-from kdajit.templates.common import DTYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape, make_struct
+from kdajit.keys import FUSED_ARCHS, HEAD_DIMS, LOADS_AHEAD, RASTER_ORDERS, VARLEN_MODES, FusedForwardKey
+from kdajit.templates.common import DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape, make_struct
 from kdajit.templates.tile_intra import (beta_row, intra_tile, load_rows, make_intra_mma, make_row_copy,
                                          padded_pitch, padded_tile_layout)
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_layout, make_akk_store_copy,
@@ -66,27 +69,28 @@ SMEM_CARVEOUT_MAX = 100        # percent: all of the unified L1 / shared array a
                                # that ctas_per_sm CTAs are resident (the driver's choice is only a hint)
 
 
-def fused_smem_struct(chunk: int, head_k: int, head_v: int):
-    """(Smem, InverseWork, RecomputeWork): the fused kernel's shared memory as `cute.struct`s.
+def fused_smem_struct(chunk: int, head_k: int, head_v: int, io):
+    """(Smem, InverseWork, RecomputeWork): the fused kernel's shared memory as `cute.struct`s, with
+    16-bit tiles of type `io` (bf16 or fp16).
 
     InverseWork and RecomputeWork are two views of Smem.work (phases 2-3 and phase 4)."""
     S = cute.struct
-    bf16, f32 = cutlass.BFloat16, cutlass.Float32
+    f32 = cutlass.Float32
     inverse_work = make_struct("InverseWork", [
         ("l", S.MemRange[f32, chunk * chunk]),
         ("x00", S.MemRange[f32, (chunk // 2) ** 2]),
-        ("akk", S.MemRange[bf16, chunk * chunk]),
+        ("akk", S.MemRange[io, chunk * chunk]),
     ])
     recompute_work = make_struct("RecomputeWork", [
-        ("akk", S.Align[S.MemRange[bf16, chunk * chunk], 1024]),
-        ("kp", S.Align[S.MemRange[bf16, head_k * chunk], 1024]),
+        ("akk", S.Align[S.MemRange[io, chunk * chunk], 1024]),
+        ("kp", S.Align[S.MemRange[io, head_k * chunk], 1024]),
     ])
     work_bytes = max(inverse_work.__sizeof__(), recompute_work.__sizeof__())
     smem = make_struct("FusedSmem", [
         ("work", S.Align[S.MemRange[cutlass.Uint8, work_bytes], 1024]),
-        ("vp", S.Align[S.MemRange[bf16, head_v * chunk], 1024]),
-        ("q", S.Align[S.MemRange[bf16, chunk * padded_pitch(bf16, head_k)], 128]),
-        ("k", S.Align[S.MemRange[bf16, chunk * padded_pitch(bf16, head_k)], 128]),
+        ("vp", S.Align[S.MemRange[io, head_v * chunk], 1024]),
+        ("q", S.Align[S.MemRange[io, chunk * padded_pitch(io, head_k)], 128]),
+        ("k", S.Align[S.MemRange[io, chunk * padded_pitch(io, head_k)], 128]),
         ("g", S.Align[S.MemRange[f32, chunk * padded_pitch(f32, head_k)], 128]),
         ("beta", S.Align[S.MemRange[f32, chunk], 16]),
     ])
@@ -95,7 +99,13 @@ def fused_smem_struct(chunk: int, head_k: int, head_v: int):
 
 def smem_bytes(key: FusedForwardKey) -> int:
     """Shared memory of one CTA of `key`'s kernel (the module docstring states it)."""
-    return fused_smem_struct(key.chunk, key.head_k, key.head_v)[0].__sizeof__()
+    return fused_smem_struct(key.chunk, key.head_k, key.head_v, IO_TYPES[key.io_dtype])[0].__sizeof__()
+
+
+def resident_ctas(key: FusedForwardKey) -> int:
+    """CTAs of `key`'s kernel an SM holds by shared memory, at most `key.config.ctas_per_sm`: the
+    occupancy the launch asks for."""
+    return min(key.config.ctas_per_sm, SMEM_PER_SM // (smem_bytes(key) + SMEM_RESERVED_PER_CTA))
 
 
 class FusedForward:
@@ -104,6 +114,7 @@ class FusedForward:
     def __init__(self, key: FusedForwardKey):
         self.key = key
         self.chunk, self.head_k, self.head_v = key.chunk, key.head_k, key.head_v
+        self.io = IO_TYPES[key.io_dtype]
         self.output_qg = key.output_qg
         self.varlen = key.varlen != "dense"
         self.config = key.config
@@ -117,8 +128,8 @@ class FusedForward:
         if not isinstance(key, FusedForwardKey):
             return False
         cfg = key.config
-        fits = (key.chunk == 64 and key.head_k == 128 and key.head_v == 128
-                and key.beta_dtype in DTYPES and key.varlen in VARLEN_MODES and key.arch in FUSED_ARCHS
+        fits = (key.chunk == 64 and key.head_k in HEAD_DIMS and key.head_v == key.head_k
+                and key.beta_dtype in DTYPES and key.io_dtype in IO_TYPES and key.varlen in VARLEN_MODES and key.arch in FUSED_ARCHS
                 and isinstance(key.output_qg, bool))
         if (not fits or not isinstance(cfg.persistent, bool) or cfg.raster not in RASTER_ORDERS
                 or cfg.loads_ahead not in LOADS_AHEAD):
@@ -127,10 +138,10 @@ class FusedForward:
             return False
         if not isinstance(cfg.ctas_per_sm, int) or cfg.ctas_per_sm < 1:
             return False
-        per_cta = smem_bytes(key)
-        return (per_cta <= SMEM_PER_CTA_MAX
-                and cfg.ctas_per_sm * (per_cta + SMEM_RESERVED_PER_CTA) <= SMEM_PER_SM
-                and cfg.ctas_per_sm * NUM_THREADS <= 2048)
+        # A persistent grid is sized for ctas_per_sm resident CTAs, so they must fit; one tile per CTA
+        # asks for as many as fit (`resident_ctas`), so a K = 256 tile that fits alone still builds.
+        return (smem_bytes(key) <= SMEM_PER_CTA_MAX and cfg.ctas_per_sm * NUM_THREADS <= 2048
+                and (not cfg.persistent or resident_ctas(key) == cfg.ctas_per_sm))
 
     def fake_args(self) -> tuple:
         return fake_arguments(self.key)
@@ -141,21 +152,23 @@ class FusedForward:
                  mU: cute.Tensor, mKG: cute.Tensor, mQG: cute.Tensor, mCuSeqlens: cute.Tensor,
                  scale: cutlass.Float32, max_ctas: cutlass.Int32,
                  stream: cuda.CUstream):
-        bf16, f32 = cutlass.BFloat16, cutlass.Float32
+        f32 = cutlass.Float32
         tiles = grid_shape(mQ, mCuSeqlens, self.chunk, self.varlen)
         grid = tiles
         if cutlass.const_expr(self.config.persistent):
             grid = (min(tiles[0] * tiles[1] * tiles[2], max_ctas), 1, 1)
         layouts = RecomputeLayouts(self.chunk, self.head_k, self.head_v)
-        smem_struct, inverse_work, recompute_work = fused_smem_struct(self.chunk, self.head_k, self.head_v)
+        smem_struct, inverse_work, recompute_work = fused_smem_struct(self.chunk, self.head_k, self.head_v,
+                                                                      self.io)
         self.smem_struct, self.inverse_work, self.recompute_work = smem_struct, inverse_work, recompute_work
         self.kernel(mQ, mK, mV, mGk, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, scale,
-                    tiles[0], make_intra_mma(), make_row_copy(bf16, self.head_k, self.num_threads),
+                    tiles[0], make_intra_mma(), make_row_copy(self.io, self.head_k, self.num_threads),
                     make_row_copy(f32, self.head_k, self.num_threads), make_l_load_copy(self.num_threads),
-                    make_akk_store_copy(self.num_threads), make_recompute_mma(self.chunk, self.num_threads),
+                    make_akk_store_copy(self.num_threads, self.io),
+                    make_recompute_mma(self.chunk, self.num_threads, self.io),
                     layouts.akk, layouts.kp, layouts.vp, layouts.out_w, layouts.out_u).launch(
             grid=grid, block=(self.num_threads, 1, 1), stream=stream,
-            min_blocks_per_mp=self.config.ctas_per_sm, preferred_smem_carveout=SMEM_CARVEOUT_MAX)
+            min_blocks_per_mp=resident_ctas(self.key), preferred_smem_carveout=SMEM_CARVEOUT_MAX)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mG: cute.Tensor,
@@ -168,13 +181,13 @@ class FusedForward:
                sVp_layout: cute.ComposedLayout, sOutW_layout: cute.ComposedLayout,
                sOutU_layout: cute.ComposedLayout):
         C, K = self.chunk, self.head_k
-        bf16, f32 = cutlass.BFloat16, cutlass.Float32
+        io, f32 = self.io, cutlass.Float32
         storage = SmemAllocator().allocate(self.smem_struct)
         inv = self.inverse_work(storage.work.data_ptr())
         rec = self.recompute_work(storage.work.data_ptr())
         smem = (
-            storage.q.get_tensor(padded_tile_layout(bf16, C, K)),
-            storage.k.get_tensor(padded_tile_layout(bf16, C, K)),
+            storage.q.get_tensor(padded_tile_layout(io, C, K)),
+            storage.k.get_tensor(padded_tile_layout(io, C, K)),
             storage.g.get_tensor(padded_tile_layout(f32, C, K)),
             storage.beta.get_tensor(cute.make_layout(C)),
             inv.l.get_tensor(l_tile_layout(C)),
@@ -190,7 +203,7 @@ class FusedForward:
         ops = (intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma)
         tensors = (mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens)
         # Registers of the tile whose loads are in flight: its v rows and this thread's beta.
-        rV = row_fragments(self.chunk // (self.num_threads // (self.head_v // VEC)), bf16)
+        rV = row_fragments(self.chunk // (self.num_threads // (self.head_v // VEC)), io)
         rBeta = cute.make_rmem_tensor((1,), mBeta.element_type)
         if cutlass.const_expr(self.config.persistent):
             bidx, _, _ = cute.arch.block_idx()
@@ -331,19 +344,18 @@ class FusedForward:
         valid_rows - 1 as in the standalone recompute; invariant 16-byte loads, all in flight."""
         col_tiles = self.head_v // VEC
         rows_per_pass = self.num_threads // col_tiles
-        ld_bf16 = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), cutlass.BFloat16, num_bits_per_copy=128,
-                                      invariant=True)
+        ld_io = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), self.io, num_bits_per_copy=128, invariant=True)
         for p in cutlass.range_constexpr(cute.size(rV, mode=[0])):
             src_row = row0 + min(tidx // col_tiles + p * rows_per_pass, valid_rows - 1)
-            cute.copy(ld_bf16, cute.local_tile(mV[batch, src_row, head, None], (VEC,), (tidx % col_tiles,)),
+            cute.copy(ld_io, cute.local_tile(mV[batch, src_row, head, None], (VEC,), (tidx % col_tiles,)),
                       rV[p, None])
 
     @cute.jit
     def akk_rows_from_smem(self, sX: cute.Tensor, tidx: cutlass.Int32):
-        """The bf16 Akk rows `store_akk` expects (thread t: column tile t % 8 of rows t // 8 + 16p)."""
+        """The Akk rows `store_akk` expects (thread t: column tile t % 8 of rows t // 8 + 16p)."""
         chunks_per_row = self.chunk // VEC
         rows_per_pass = self.num_threads // chunks_per_row
-        rA = row_fragments(self.chunk // rows_per_pass, cutlass.BFloat16)
+        rA = row_fragments(self.chunk // rows_per_pass, self.io)
         for p in cutlass.range_constexpr(self.chunk // rows_per_pass):
             row = tidx // chunks_per_row + p * rows_per_pass
             cute.autovec_copy(cute.local_tile(sX[row, None], (VEC,), (tidx % chunks_per_row,)), rA[p, None])
@@ -355,7 +367,7 @@ class FusedForward:
                   batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
                   valid_rows: cutlass.Int32, tidx: cutlass.Int32):
         """`gate_row` for this thread's rows t // 16 + 8p, columns 8 (t % 16) .., operands from smem."""
-        f32, bf16 = cutlass.Float32, cutlass.BFloat16
+        f32, io = cutlass.Float32, self.io
         col_tiles = self.head_k // VEC
         rows_per_pass = self.num_threads // col_tiles
         col_tile = tidx % col_tiles
@@ -364,9 +376,9 @@ class FusedForward:
             dQG = chunk_rows(mQG, batch, head, row0, self.chunk)
         rGlast = cute.make_rmem_tensor((VEC,), f32)
         cute.autovec_copy(cute.local_tile(sG[valid_rows - 1, None], (VEC,), (col_tile,)), rGlast)
-        rK = cute.make_rmem_tensor((VEC,), bf16)
+        rK = cute.make_rmem_tensor((VEC,), io)
         rG = cute.make_rmem_tensor((VEC,), f32)
-        rQ = cute.make_rmem_tensor((VEC,), bf16)
+        rQ = cute.make_rmem_tensor((VEC,), io)
         for p in cutlass.range_constexpr(cute.size(rV, mode=[0])):
             row = tidx // col_tiles + p * rows_per_pass
             cute.autovec_copy(cute.local_tile(sK[row, None], (VEC,), (col_tile,)), rK)

@@ -2,10 +2,11 @@
 
 Math, for rows i, j of one chunk (v = valid rows, i < v), g the chunk-local cumulative log2 gate:
 
-    Aqk[i, j] = scale   * sum_d q[i,d] k[j,d] 2^(g[i,d] - g[j,d])   for j <= i, exactly 0 for j > i  (bf16)
+    Aqk[i, j] = scale   * sum_d q[i,d] k[j,d] 2^(g[i,d] - g[j,d])   for j <= i, exactly 0 for j > i  (io)
     L[i, j]   = beta[i] * sum_d k[i,d] k[j,d] 2^(g[i,d] - g[j,d])   for j <  i, exactly 0 for j >= i (fp32)
 
-Every column of every valid row is written; rows >= v are never read as data and never written.
+q, k (and the Aqk output) are in the key's io dtype, bf16 or fp16. Every column of every valid
+row is written; rows >= v are never read as data and never written.
 
 Evaluation (FLA's factorisation). The chunk is cut into 16-row blocks a, b in 0..3. Each block pair
 b <= a is a TF32 tensor-core product of gated operands with a per-pair reference row r:
@@ -20,14 +21,14 @@ no row's bits depend on later tokens (causal bit-invariance; docs/numerics.md ha
 
 Arithmetic order (fixes the bits; see docs/numerics.md):
   - exponent difference in fp32 (g_i - r, r - g_j), 2^x with ex2.approx.ftz.f32, times the exact
-    bf16->fp32 value, in fp32; operands of rows >= v (A side) and columns >= v (B side) are
+    bf16/fp16 -> fp32 value, in fp32; operands of rows >= v (A side) and columns >= v (B side) are
     replaced by 0 with a select.
   - the fp32 operand bits feed the TF32 MMA unchanged (no cvt.rna): the tensor core ignores the
     low 13 mantissa bits, as in FLA's Triton kernels and cuLA.
   - mma.sync m16n8k8 tf32 with fp32 accumulate, one accumulator chain per 16x8 output tile over
     d = 0..K-1 in ascending steps of 8.
   - then times scale (Aqk) or beta_i (L, beta as fp32), then the triangular mask (select), then
-    RN to bf16 (Aqk) or stored as fp32 (L).
+    RN to the io dtype (Aqk) or stored as fp32 (L).
 
 Warp roles: 4 warps, all loaders, then each warp owns fixed row-block groups (a group shares one
 A-side operand, so its exp2 is computed once for all its column blocks):
@@ -39,15 +40,15 @@ A group whose row block has no valid row (16a >= v) is skipped. Gated operands a
 straight into the MMA fragments from shared q, k, g (CuTe `partition_A/B` views; a stride-0 view
 of the reference row gives r per fragment element), so nothing is staged besides the inputs.
 
-Memory: q, k (bf16) and g (fp32) of the chunk are read once with 16-byte cp.async into padded
+Memory: q, k (io) and g (fp32) of the chunk are read once with 16-byte cp.async into padded
 shared tiles (row pitch +16 bytes: the MMA fragment reads are bank-conflict free); beta goes to a
-64-entry fp32 vector. Shared memory 68,864 bytes. Output fragments are stored straight to global
+64-entry fp32 vector. Shared memory 68,864 bytes at K = 128. Output fragments are stored straight to global
 memory (Aqk 4-byte, L 8-byte vector stores).
 
 Code: the per-tile arithmetic (loads, block products, epilogue, block stores) is in
 templates/tile_intra.py, shared with the fused kernel; this file holds the standalone launch only.
 
-Constraints: head_k = 128, chunk = 64, 4 warps. Contiguous [B, T, H, D] tensors; varlen packs
+Constraints: head_k in keys.HEAD_DIMS, chunk = 64, 4 warps. Contiguous [B, T, H, D] tensors; varlen packs
 sequences on T with B = 1 (see templates/common.py for the grid and the chunk mapping).
 """
 from __future__ import annotations
@@ -57,18 +58,19 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
-from kdajit.keys import ARCHS, VARLEN_MODES, IntraKey
-from kdajit.templates.common import DTYPES, chunk_coords, fake_arguments, grid_shape, make_struct
+from kdajit.keys import ARCHS, HEAD_DIMS, VARLEN_MODES, IntraKey
+from kdajit.templates.common import DTYPES, IO_TYPES, chunk_coords, fake_arguments, grid_shape, make_struct
 from kdajit.templates.tile_intra import (NUM_WARPS, intra_tile, load_beta, load_rows, make_intra_mma,
                                          make_row_copy, padded_pitch, padded_tile_layout)
 
 
-def intra_smem_struct(chunk: int, head_k: int):
-    """The intra kernel's shared memory: padded q, k (bf16) and g (fp32) tiles and the beta vector."""
-    S, bf16, f32 = cute.struct, cutlass.BFloat16, cutlass.Float32
+def intra_smem_struct(chunk: int, head_k: int, io):
+    """The intra kernel's shared memory: padded q, k (`io`: bf16 or fp16) and g (fp32) tiles and the
+    beta vector."""
+    S, f32 = cute.struct, cutlass.Float32
     return make_struct("IntraSmem", [
-        ("q", S.Align[S.MemRange[bf16, chunk * padded_pitch(bf16, head_k)], 128]),
-        ("k", S.Align[S.MemRange[bf16, chunk * padded_pitch(bf16, head_k)], 128]),
+        ("q", S.Align[S.MemRange[io, chunk * padded_pitch(io, head_k)], 128]),
+        ("k", S.Align[S.MemRange[io, chunk * padded_pitch(io, head_k)], 128]),
         ("g", S.Align[S.MemRange[f32, chunk * padded_pitch(f32, head_k)], 128]),
         ("beta", S.Align[S.MemRange[f32, chunk], 16]),
     ])
@@ -76,24 +78,25 @@ def intra_smem_struct(chunk: int, head_k: int):
 
 def smem_bytes(key) -> int:
     """Shared memory of one CTA of `key`'s kernel (the module docstring states it)."""
-    return intra_smem_struct(key.chunk, key.head_k).__sizeof__()
+    return intra_smem_struct(key.chunk, key.head_k, IO_TYPES[key.io_dtype]).__sizeof__()
 
 
 class KdaIntra:
-    """Aqk (bf16) and L (fp32 workspace) for one (chunk, head) per CTA; see the module docstring."""
+    """Aqk (io dtype) and L (fp32 workspace) for one (chunk, head) per CTA; see the module docstring."""
 
     def __init__(self, key: IntraKey):
         self.key = key
         self.head_k = key.head_k
         self.chunk = key.chunk
+        self.io = IO_TYPES[key.io_dtype]
         self.varlen = key.varlen != "dense"
         self.num_threads = 32 * key.config.warps
 
     @staticmethod
     def can_implement(key) -> bool:
-        return (isinstance(key, IntraKey) and key.config.warps == NUM_WARPS and key.head_k == 128
+        return (isinstance(key, IntraKey) and key.config.warps == NUM_WARPS and key.head_k in HEAD_DIMS
                 and key.chunk == 64 and key.beta_dtype in DTYPES and key.varlen in VARLEN_MODES
-                and key.arch in ARCHS)
+                and key.io_dtype in IO_TYPES and key.arch in ARCHS)
 
     def fake_args(self) -> tuple:
         return fake_arguments(self.key)
@@ -103,7 +106,7 @@ class KdaIntra:
                  mAqk: cute.Tensor, mL: cute.Tensor, mCuSeqlens: cute.Tensor,
                  scale: cutlass.Float32, stream: cuda.CUstream):
         tiled_mma = make_intra_mma()
-        copy_qk = make_row_copy(cutlass.BFloat16, self.head_k, self.num_threads)
+        copy_qk = make_row_copy(self.io, self.head_k, self.num_threads)
         copy_g = make_row_copy(cutlass.Float32, self.head_k, self.num_threads)
         self.kernel(mQ, mK, mGk, mBeta, mAqk, mL, mCuSeqlens, scale, tiled_mma, copy_qk,
                     copy_g).launch(grid=grid_shape(mQ, mCuSeqlens, self.chunk, self.varlen),
@@ -121,10 +124,10 @@ class KdaIntra:
         is_valid, batch, row0, valid_rows = chunk_coords(mCuSeqlens, mQ.shape[1],
                                                          self.chunk, self.varlen)
 
-        storage = SmemAllocator().allocate(intra_smem_struct(self.chunk, self.head_k))
-        bf16, f32 = cutlass.BFloat16, cutlass.Float32
-        sQ = storage.q.get_tensor(padded_tile_layout(bf16, self.chunk, self.head_k))
-        sK = storage.k.get_tensor(padded_tile_layout(bf16, self.chunk, self.head_k))
+        storage = SmemAllocator().allocate(intra_smem_struct(self.chunk, self.head_k, self.io))
+        f32 = cutlass.Float32
+        sQ = storage.q.get_tensor(padded_tile_layout(self.io, self.chunk, self.head_k))
+        sK = storage.k.get_tensor(padded_tile_layout(self.io, self.chunk, self.head_k))
         sG = storage.g.get_tensor(padded_tile_layout(f32, self.chunk, self.head_k))
         sBeta = storage.beta.get_tensor(cute.make_layout(self.chunk))
 

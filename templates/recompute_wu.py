@@ -1,25 +1,26 @@
 """W, U, KG (and QG on request) from Akk: the recompute stage of the KDA forward intra boundary.
 
 One CTA per (chunk, head), 4 warps. For the rows i, j < v (v = valid rows of the chunk), with k, q, v
-bf16, g the fp32 log2 gate, beta converted to fp32 (exact for bf16 beta):
+and Akk in the key's io dtype (bf16 or fp16; io_RN below rounds to it), g the fp32 log2 gate, beta
+converted to fp32 (exact for bf16 beta):
 
-    Kp[j] = bf16_RN((k[j] * beta[j]) * 2^g[j])      Vp[j] = bf16_RN(v[j] * beta[j])
-    W = bf16_RN(Akk @ Kp)                            U = bf16_RN(Akk @ Vp)
-    KG[i] = bf16_RN(k[i] * 2^(g_last - g[i]))        QG[i] = bf16_RN(q[i] * 2^g[i])
+    Kp[j] = io_RN((k[j] * beta[j]) * 2^g[j])        Vp[j] = io_RN(v[j] * beta[j])
+    W = io_RN(Akk @ Kp)                              U = io_RN(Akk @ Vp)
+    KG[i] = io_RN(k[i] * 2^(g_last - g[i]))          QG[i] = io_RN(q[i] * 2^g[i])
 
 g_last is g at row v - 1 of the chunk (per column). 2^x is `ex2.approx.ftz.f32`; the products and the
 difference are single IEEE fp32 operations (`mul.f32`, `sub.f32`: round to nearest, no flush; no FMA
 is possible in these expressions), and 2^g[j] is one value shared by Kp and QG.
 
 Phases (all 128 threads):
-1. Akk rows -> smem `sA` (64x64 bf16, K-major, swizzled), 16-byte loads. Elementwise: thread t owns
+1. Akk rows -> smem `sA` (64x64, K-major, swizzled), 16-byte loads. Elementwise: thread t owns
    columns 8*(t % 16) .. +7 of rows t // 16 + 8p (p = 0..7); it loads k, g, v (q) with 16-byte loads,
    stores KG (QG) to global with 16-byte stores and Kp, Vp to smem `sKp`, `sVp`, each stored as the
    MMA B operand (N = head dim, K = chunk row), N-major and swizzled.
-2. W = Akk @ Kp with bf16 `mma.sync.m16n8k16` (fp32 accumulate): warp w owns output rows
-   16w .. 16w+15 and all 128 columns; the chunk dimension is accumulated in one chain, k-steps of 16 in
+2. W = Akk @ Kp with bf16 or fp16 `mma.sync.m16n8k16` (fp32 accumulate): warp w owns output rows
+   16w .. 16w+15 and all K columns; the chunk dimension is accumulated in one chain, k-steps of 16 in
    ascending order. Operands come from smem by ldmatrix (transposed for B). After a CTA barrier, the
-   bf16 result is staged in the (now free) `sKp` buffer as a row-major 64x128 tile, and each warp
+   rounded result is staged in the (now free) `sKp` buffer as a row-major 64xK tile, and each warp
    copies its own 16 rows to global with 16-byte stores. U = Akk @ Vp the same way through `sVp`.
 
 Rows >= v are never read as data and never written: their loads are clamped to row v - 1 (a row of this
@@ -32,8 +33,8 @@ Code: the per-row arithmetic (`gate_row`), the Akk staging and the W/U products 
 device functions of templates/tile_recompute.py (also used by the fused kernel); this file holds
 the standalone launch and the global-memory loads.
 
-Constraints: K = V = 128, chunk = 64, 4 warps. Shared memory: 40,960 bytes (Akk 8 KiB, Kp
-and Vp 16 KiB each; the W / U staging tiles reuse Kp / Vp). No atomics, fixed arithmetic
+Constraints: K = V in keys.HEAD_DIMS, chunk = 64, 4 warps. Shared memory at K = 128: 40,960 bytes
+(Akk 8 KiB, Kp and Vp 16 KiB each; the W / U staging tiles reuse Kp / Vp). No atomics, fixed arithmetic
 order: a chunk gives the same bits in dense and varlen mode and in any batch.
 """
 from __future__ import annotations
@@ -43,27 +44,27 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
-from kdajit.keys import ARCHS, VARLEN_MODES, RecomputeWUKey
-from kdajit.templates.common import DTYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape, make_struct
+from kdajit.keys import ARCHS, HEAD_DIMS, VARLEN_MODES, RecomputeWUKey
+from kdajit.templates.common import DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape, make_struct
 from kdajit.templates.tile_recompute import (NUM_WARPS, VEC, RecomputeLayouts, gate_row,
                                              make_recompute_mma, products_w_u, row_fragments,
                                              store_akk)
 
 
-def recompute_smem_struct(chunk: int, head_k: int, head_v: int):
-    """The recompute kernel's shared memory: the swizzled Akk A tile and the Kp, Vp B tiles (bf16),
-    1 KiB aligned for their swizzle."""
-    S, bf16 = cute.struct, cutlass.BFloat16
+def recompute_smem_struct(chunk: int, head_k: int, head_v: int, io):
+    """The recompute kernel's shared memory: the swizzled Akk A tile and the Kp, Vp B tiles (`io`:
+    bf16 or fp16), 1 KiB aligned for their swizzle."""
+    S = cute.struct
     return make_struct("RecomputeSmem", [
-        ("akk", S.Align[S.MemRange[bf16, chunk * chunk], 1024]),
-        ("kp", S.Align[S.MemRange[bf16, head_k * chunk], 1024]),
-        ("vp", S.Align[S.MemRange[bf16, head_v * chunk], 1024]),
+        ("akk", S.Align[S.MemRange[io, chunk * chunk], 1024]),
+        ("kp", S.Align[S.MemRange[io, head_k * chunk], 1024]),
+        ("vp", S.Align[S.MemRange[io, head_v * chunk], 1024]),
     ])
 
 
 def smem_bytes(key) -> int:
     """Shared memory of one CTA of `key`'s kernel (the module docstring states it)."""
-    return recompute_smem_struct(key.chunk, key.head_k, key.head_v).__sizeof__()
+    return recompute_smem_struct(key.chunk, key.head_k, key.head_v, IO_TYPES[key.io_dtype]).__sizeof__()
 
 
 class RecomputeWU:
@@ -74,6 +75,7 @@ class RecomputeWU:
         self.head_k = key.head_k
         self.head_v = key.head_v
         self.chunk = key.chunk
+        self.io = IO_TYPES[key.io_dtype]
         self.output_qg = key.output_qg
         self.varlen = key.varlen != "dense"
         self.num_threads = 32 * key.config.warps
@@ -82,9 +84,9 @@ class RecomputeWU:
     def can_implement(key) -> bool:
         return (isinstance(key, RecomputeWUKey)
                 and key.config.warps == NUM_WARPS
-                and key.head_k == 128 and key.head_v == 128
+                and key.head_k in HEAD_DIMS and key.head_v == key.head_k
                 and key.chunk == 64
-                and key.beta_dtype in DTYPES
+                and key.beta_dtype in DTYPES and key.io_dtype in IO_TYPES
                 and key.varlen in VARLEN_MODES
                 and key.arch in ARCHS
                 and isinstance(key.output_qg, bool))
@@ -99,7 +101,7 @@ class RecomputeWU:
                  stream: cuda.CUstream):
         layouts = RecomputeLayouts(self.chunk, self.head_k, self.head_v)
         self.kernel(mK, mV, mBeta, mAkk, mGk, mQ, mW, mU, mKG, mQG, mCuSeqlens,
-                    make_recompute_mma(self.chunk, self.num_threads), layouts.akk, layouts.kp,
+                    make_recompute_mma(self.chunk, self.num_threads, self.io), layouts.akk, layouts.kp,
                     layouts.vp, layouts.out_w, layouts.out_u).launch(
             grid=grid_shape(mK, mCuSeqlens, self.chunk, self.varlen),
             block=(self.num_threads, 1, 1),
@@ -117,7 +119,8 @@ class RecomputeWU:
         is_valid, batch, row0, valid_rows = chunk_coords(mCuSeqlens, mK.shape[1],
                                                          self.chunk, self.varlen)
         if is_valid:
-            storage = SmemAllocator().allocate(recompute_smem_struct(self.chunk, self.head_k, self.head_v))
+            storage = SmemAllocator().allocate(recompute_smem_struct(self.chunk, self.head_k, self.head_v,
+                                                                     self.io))
             sA = storage.akk.get_tensor(sA_layout)
             sKp = storage.kp.get_tensor(sKp_layout)
             sVp = storage.vp.get_tensor(sVp_layout)
@@ -126,8 +129,7 @@ class RecomputeWU:
             sOutU = storage.vp.get_tensor(sOutU_layout)
 
             # Inputs are read-only for the kernel's lifetime: invariant (ld.global.nc) loads.
-            ld_bf16 = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), cutlass.BFloat16,
-                                          num_bits_per_copy=128, invariant=True)
+            ld_io = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), self.io, num_bits_per_copy=128, invariant=True)
             ld_f32 = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), cutlass.Float32,
                                          num_bits_per_copy=128, invariant=True)
             ld_beta = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), mBeta.element_type,
@@ -138,7 +140,7 @@ class RecomputeWU:
             if cutlass.const_expr(self.output_qg):
                 dQG = chunk_rows(mQG, batch, head, row0, C)
             self.stage_operands(mK, mV, mBeta, mAkk, mG, mQ, dKG, dQG, sA, sKp, sVp, batch, head,
-                                row0, valid_rows, tidx, ld_bf16, ld_f32, ld_beta)
+                                row0, valid_rows, tidx, ld_io, ld_f32, ld_beta)
             cute.arch.sync_threads()
 
             # W = Akk @ Kp, then U = Akk @ Vp; the Akk fragments are loaded once for both.
@@ -148,7 +150,7 @@ class RecomputeWU:
     @cute.jit
     def load_akk(self, mAkk: cute.Tensor, batch: cutlass.Int32, head: cutlass.Int32,
                  row0: cutlass.Int32, valid_rows: cutlass.Int32, tidx: cutlass.Int32,
-                 ld_bf16: cute.CopyAtom):
+                 ld_io: cute.CopyAtom):
         """Akk rows of this chunk -> registers (thread t: 16-byte column tile t % 8 of rows t // 8 + 16p).
 
         Loads of rows >= valid_rows are clamped to row valid_rows - 1; `store_akk` zeroes them.
@@ -158,11 +160,11 @@ class RecomputeWU:
         rows_per_pass = self.num_threads // chunks_per_row
         num_passes = self.chunk // rows_per_pass
         col_tile = tidx % chunks_per_row
-        rA = row_fragments(num_passes, cutlass.BFloat16)
+        rA = row_fragments(num_passes, self.io)
         for p in cutlass.range_constexpr(num_passes):
             row = tidx // chunks_per_row + p * rows_per_pass
             src_row = row0 + min(row, valid_rows - 1)
-            cute.copy(ld_bf16, cute.local_tile(mAkk[batch, src_row, head, None], (VEC,), (col_tile,)),
+            cute.copy(ld_io, cute.local_tile(mAkk[batch, src_row, head, None], (VEC,), (col_tile,)),
                       rA[p, None])
         return rA
 
@@ -171,7 +173,7 @@ class RecomputeWU:
                        mAkk: cute.Tensor, mG: cute.Tensor, mQ: cute.Tensor, dKG: cute.Tensor,
                        dQG: cute.Tensor, sA: cute.Tensor, sKp: cute.Tensor, sVp: cute.Tensor,
                        batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
-                       valid_rows: cutlass.Int32, tidx: cutlass.Int32, ld_bf16: cute.CopyAtom,
+                       valid_rows: cutlass.Int32, tidx: cutlass.Int32, ld_io: cute.CopyAtom,
                        ld_f32: cute.CopyAtom, ld_beta: cute.CopyAtom):
         """Akk -> sA; Kp, Vp -> sKp, sVp (B-operand layout (d, j)); KG, QG -> dKG, dQG (global).
 
@@ -181,7 +183,7 @@ class RecomputeWU:
         past valid_rows are clamped to row valid_rows - 1), so the loads of a group are in flight
         together; the values of those rows are then replaced by zero or never stored.
         """
-        f32, bf16 = cutlass.Float32, cutlass.BFloat16
+        f32, io = cutlass.Float32, self.io
         col_tiles = self.head_k // VEC
         rows_per_pass = self.num_threads // col_tiles
         num_passes = self.chunk // rows_per_pass
@@ -190,27 +192,27 @@ class RecomputeWU:
         rGlast = cute.make_rmem_tensor((VEC,), f32)
         cute.copy(ld_f32, cute.local_tile(mG[batch, row0 + valid_rows - 1, head, None], (VEC,),
                                           (col_tile,)), rGlast)
-        rA = self.load_akk(mAkk, batch, head, row0, valid_rows, tidx, ld_bf16)
-        # Per pass: k, v, (q) bf16 and g fp32 for 8 columns, beta for the row.
-        rK = row_fragments(num_passes, bf16)
-        rV = row_fragments(num_passes, bf16)
-        rQ = row_fragments(num_passes, bf16)
+        rA = self.load_akk(mAkk, batch, head, row0, valid_rows, tidx, ld_io)
+        # Per pass: k, v, (q) in the io dtype and g fp32 for 8 columns, beta for the row.
+        rK = row_fragments(num_passes, io)
+        rV = row_fragments(num_passes, io)
+        rQ = row_fragments(num_passes, io)
         rG = row_fragments(num_passes, f32)
         rBeta = cute.make_rmem_tensor((num_passes, 1), mBeta.element_type)
         for n in cutlass.range_constexpr(num_passes // group + 1):
             if cutlass.const_expr(n < num_passes // group):
                 for p in cutlass.range_constexpr(n * group, (n + 1) * group):
                     src_row = row0 + min(tidx // col_tiles + p * rows_per_pass, valid_rows - 1)
-                    cute.copy(ld_bf16, cute.local_tile(mK[batch, src_row, head, None], (VEC,),
+                    cute.copy(ld_io, cute.local_tile(mK[batch, src_row, head, None], (VEC,),
                                                        (col_tile,)), rK[p, None])
                     cute.copy(ld_f32, cute.local_tile(mG[batch, src_row, head, None], (VEC,),
                                                       (col_tile,)), rG[p, None])
-                    cute.copy(ld_bf16, cute.local_tile(mV[batch, src_row, head, None], (VEC,),
+                    cute.copy(ld_io, cute.local_tile(mV[batch, src_row, head, None], (VEC,),
                                                        (col_tile,)), rV[p, None])
                     cute.copy(ld_beta, cute.local_tile(mBeta[batch, None, head], (1,), (src_row,)),
                               rBeta[p, None])
                     if cutlass.const_expr(self.output_qg):
-                        cute.copy(ld_bf16, cute.local_tile(mQ[batch, src_row, head, None], (VEC,),
+                        cute.copy(ld_io, cute.local_tile(mQ[batch, src_row, head, None], (VEC,),
                                                            (col_tile,)), rQ[p, None])
             if cutlass.const_expr(n == 0):
                 store_akk(rA, sA, valid_rows, tidx, self.num_threads)

@@ -5,8 +5,8 @@ Shared by `templates/intra.py` (L goes to the global fp32 workspace) and `templa
 are documented in `templates/intra.py` and docs/numerics.md; every kernel that needs these products
 calls exactly this code, so the bits cannot drift apart.
 
-Inputs are [chunk, head_k] shared tiles in the padded row layout of `padded_tile_layout` (q, k bf16;
-g fp32) and a [chunk] fp32 beta vector (0 for rows >= valid_rows). Outputs go to any [chunk, chunk]
+Inputs are [chunk, head_k] shared tiles in the padded row layout of `padded_tile_layout` (q, k in
+the io dtype, bf16 or fp16; g fp32) and a [chunk] fp32 beta vector (0 for rows >= valid_rows). Outputs go to any [chunk, chunk]
 tensor, global or shared: the block store `store_block` only needs `partition_C` views of it.
 """
 from __future__ import annotations
@@ -97,7 +97,7 @@ def intra_tile(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: c
                lane: cutlass.Int32, valid_rows: cutlass.Int32, scale: cutlass.Float32):
     """All blocks of one tile, warps 0..3 each running its static WARP_GROUPS list.
 
-    dAqk, dL: [chunk, chunk] destinations (global or shared) of Aqk (bf16) and L (fp32); rows
+    dAqk, dL: [chunk, chunk] destinations (global or shared) of Aqk (io dtype) and L (fp32); rows
     >= valid_rows are not written. The caller synchronizes before and after.
     """
     for w in cutlass.range_constexpr(NUM_WARPS):
@@ -197,14 +197,14 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
                 keepKK[v] = cC[v][1] < cC[v][0]
             aqk = cute.where(keepQK.load(), aqk, cutlass.Float32(0.0))
             lkk = cute.where(keepKK.load(), lkk, cutlass.Float32(0.0))
-        rAqk = cute.make_rmem_tensor(cC.shape, cutlass.BFloat16)
-        rAqk.store(aqk.to(cutlass.BFloat16))
+        rAqk = cute.make_rmem_tensor(cC.shape, dAqk.element_type)
+        rAqk.store(aqk.to(dAqk.element_type))
         rL = cute.make_rmem_tensor(cC.shape, cutlass.Float32)
         rL.store(lkk)
         store_block(thr_mma, rAqk, dAqk, cC, valid_rows, a, b)
         store_block(thr_mma, rL, dL, cC, valid_rows, a, b)
     if cutlass.const_expr(diagonal):
-        rAqkZero = cute.make_rmem_tensor(cC.shape, cutlass.BFloat16)
+        rAqkZero = cute.make_rmem_tensor(cC.shape, dAqk.element_type)
         rAqkZero.fill(0.0)
         rLZero = cute.make_rmem_tensor(cC.shape, cutlass.Float32)
         rLZero.fill(0.0)

@@ -6,7 +6,8 @@ roles and the arithmetic order are documented in `templates/akk_inverse.py` and 
 
 Shared tensors (row-major, unpadded): sL [C, C] fp32 with rows >= valid_rows zero, read-only
 except rows 0..C/4-1, which step 3 reuses as chain-state storage (`chain_states_view`); sX [C, C]
-bf16, the result; sX00 [C/2, C/2] fp32, the upper-left block kept unrounded. 4 warps, 128 threads.
+in the io dtype (bf16 or fp16), the result; sX00 [C/2, C/2] fp32, the upper-left block kept
+unrounded. 4 warps, 128 threads.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def l_tile_layout(chunk: int):
 
 
 def akk_tile_layout(chunk: int):
-    """The bf16 result tile sX."""
+    """The result tile sX (io dtype)."""
     return cute.make_layout((chunk, chunk), stride=(chunk, 1))
 
 
@@ -47,9 +48,9 @@ def make_l_load_copy(num_threads: int) -> cute.TiledCopy:
                                    cute.make_layout((1, 4)))
 
 
-def make_akk_store_copy(num_threads: int) -> cute.TiledCopy:
-    """16-byte stores of bf16 Akk rows: 8 threads x 8 values per 64-column row."""
-    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.BFloat16, num_bits_per_copy=128)
+def make_akk_store_copy(num_threads: int, io) -> cute.TiledCopy:
+    """16-byte stores of Akk rows (`io`: bf16 or fp16): 8 threads x 8 values per 64-column row."""
+    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), io, num_bits_per_copy=128)
     return cute.make_tiled_copy_tv(atom, cute.make_layout((num_threads // 8, 8), stride=(8, 1)),
                                    cute.make_layout((1, 8)))
 
@@ -72,7 +73,7 @@ def zero_rows_from(load_copy: cute.TiledCopy, sL: cute.Tensor, tidx: cutlass.Int
 @cute.jit
 def invert_tile(sL: cute.Tensor, sX: cute.Tensor, sX00: cute.Tensor, warp_idx: cutlass.Int32,
                 lane: cutlass.Int32):
-    """Steps 2-4 of templates/akk_inverse.py: sX = bf16((I + sL)^-1). The caller synchronizes
+    """Steps 2-4 of templates/akk_inverse.py: sX = io((I + sL)^-1), io = sX's element type. The caller synchronizes
     before (sL complete) and after (sX complete)."""
     C = cute.size(sL, mode=[0])
     half = C // 2
@@ -84,7 +85,7 @@ def invert_tile(sL: cute.Tensor, sX: cute.Tensor, sX00: cute.Tensor, warp_idx: c
         forward_substitute(sL, sX, None, half + lane, [None] * C, half, C, True)
     if warp_idx == 3:
         for s in cutlass.range_constexpr(half):
-            sX[s, half + lane] = cutlass.BFloat16(0.0)
+            sX[s, half + lane] = sX.element_type(0.0)
     cute.arch.sync_threads()
 
     # 3. X10 chains over s < half, half / NUM_WARPS rows per warp.
@@ -102,7 +103,7 @@ def invert_tile(sL: cute.Tensor, sX: cute.Tensor, sX00: cute.Tensor, warp_idx: c
 @cute.jit
 def store_akk_rows(store_copy: cute.TiledCopy, sX: cute.Tensor, gAkk: cute.Tensor, tidx: cutlass.Int32,
                    valid_rows: cutlass.Int32):
-    """Step 5: sX (bf16) -> gAkk rows < valid_rows with 16-byte stores."""
+    """Step 5: sX -> gAkk rows < valid_rows with 16-byte stores."""
     cTile = cute.make_identity_tensor(sX.shape)
     thr_store = store_copy.get_slice(tidx)
     tSsX = thr_store.partition_S(sX)
@@ -124,7 +125,7 @@ def forward_substitute(sL, sX, sXf, col, acc, begin, end, on_diagonal):
     `acc[i]` is row i's chain state (None before its first term); the chains have consumed
     every s < begin. Right-looking in panels of 4: the panel's own triangle, then 4 steps of
     each lower row with L[i, s0:s0+4] in one broadcast 16-byte load. `on_diagonal`: `col` may
-    be >= s (diagonal blocks), so x_s needs the 0 / 1 selects. x_s goes to sX (bf16) and, when
+    be >= s (diagonal blocks), so x_s needs the 0 / 1 selects. x_s goes to sX (io dtype) and, when
     `sXf` is given, to sXf[s, col] (fp32).
     """
     for p in range(begin // _PANEL, end // _PANEL):
@@ -133,7 +134,7 @@ def forward_substitute(sL, sX, sXf, col, acc, begin, end, on_diagonal):
         for k in range(_PANEL):
             s = s0 + k
             x[k] = finalize(acc[s], col, s, on_diagonal)
-            sX[s, col] = x[k].to(cutlass.BFloat16)
+            sX[s, col] = x[k].to(sX.element_type)
             if sXf is not None:
                 sXf[s, col] = x[k]
             for r in range(s + 1, s0 + _PANEL):

@@ -7,9 +7,11 @@ Shared by `templates/recompute_wu.py` (inputs from global memory) and `templates
 - `gate_row`: one row's 8 columns, from register vectors (wherever they were loaded from): Kp, Vp to
   the shared B-operand tiles, KG and QG to global. Every output element is computed here only.
 - `store_akk`: Akk rows (register vectors) -> the shared A tile, rows >= valid_rows as zero.
-- `product`: W or U = bf16_RN(Akk @ B) with mma.sync m16n8k16 from the shared tiles, staged and
+- `product`: W or U = io_RN(Akk @ B) with mma.sync m16n8k16 from the shared tiles, staged and
   stored with 16-byte row stores.
-Output destinations are [chunk, D] tile views of global tensors (rows of this chunk).
+Output destinations are [chunk, D] tile views of global tensors (rows of this chunk). Every 16-bit
+tensor (k, v, q, Akk, the shared tiles, the outputs) has the key's io dtype, bf16 or fp16; the
+functions take it from their tensors' element types.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warp
 
-VEC = 8  # columns per thread access: 16 bytes of bf16 (two 16-byte loads for the fp32 gate)
+VEC = 8  # columns per thread access: 16 bytes of bf16 / fp16 (two 16-byte loads for the fp32 gate)
 NUM_WARPS = 4
 
 
@@ -27,7 +29,7 @@ def row_fragments(rows: int, dtype):
 
 
 def swizzled_layout(shape: tuple, contiguous_mode: int, line: int):
-    """A bf16 smem layout of `shape`, tiled from atoms of 8 lines of `line` contiguous elements.
+    """A 16-bit smem layout of `shape`, tiled from atoms of 8 lines of `line` contiguous elements.
 
     The lines run along `contiguous_mode`. Swizzle<3, 3, log2(line) - 3> XORs the 16-byte chunk
     index of an element (offset bits 3-5) with its line index mod 8, so the 8 lines of an atom hold
@@ -53,16 +55,17 @@ class RecomputeLayouts:
         self.out_u = swizzled_layout((chunk, head_v), contiguous_mode=1, line=head_v)  # U staging
 
 
-def make_recompute_mma(chunk: int, num_threads: int) -> cute.TiledMma:
-    """bf16 mma.sync m16n8k16, warps along M (16 rows each), N = 16 per step (ldmatrix.x4 feeds two n8)."""
-    mma_op = warp.MmaF16BF16Op(cutlass.BFloat16, cutlass.Float32, (16, 8, 16))
+def make_recompute_mma(chunk: int, num_threads: int, io) -> cute.TiledMma:
+    """mma.sync m16n8k16 on `io` (bf16 or fp16) operands with fp32 accumulate, warps along M (16 rows
+    each), N = 16 per step (ldmatrix.x4 feeds two n8)."""
+    mma_op = warp.MmaF16BF16Op(io, cutlass.Float32, (16, 8, 16))
     return cute.make_tiled_mma(mma_op, cute.make_layout((num_threads // 32, 1, 1)),
                                permutation_mnk=(chunk, 16, 16))
 
 
 @cute.jit
 def store_vec_if(rVec: cute.Tensor, gVec: cute.Tensor, pred: cutlass.Boolean):
-    """Store 8 bf16 (16 bytes) to global memory when `pred` holds.
+    """Store 8 16-bit values (16 bytes) to global memory when `pred` holds.
 
     A predicated `st.global.v4` rather than an `if`: behind a branch, LLVM would sink the loads
     that feed only this store into the branch, one full memory latency per row.
@@ -84,7 +87,7 @@ def store_akk(rA: cute.Tensor, sA: cute.Tensor, valid_rows: cutlass.Int32, tidx:
     for p in cutlass.range_constexpr(cute.size(rA, mode=[0])):
         row = tidx // chunks_per_row + p * rows_per_pass
         keep = cute.full((VEC,), row < valid_rows, cutlass.Boolean)
-        rA[p, None].store(cute.where(keep, rA[p, None].load(), cutlass.BFloat16(0.0)))
+        rA[p, None].store(cute.where(keep, rA[p, None].load(), rA.element_type(0.0)))
         cute.autovec_copy(rA[p, None], cute.local_tile(sA[row, None], (VEC,), (col_tile,)))
 
 
@@ -95,26 +98,26 @@ def gate_row(rK: cute.Tensor, rG: cute.Tensor, rV: cute.Tensor, rQ: cute.Tensor,
              col_tile: cutlass.Int32, output_qg: cutlass.Constexpr):
     """One row's 8 columns: Kp, Vp to smem (zero past valid_rows), KG, QG to global (dKG, dQG:
     [chunk, K] views of this chunk's rows)."""
-    f32, bf16 = cutlass.Float32, cutlass.BFloat16
+    f32, io = cutlass.Float32, sKp.element_type
     is_row_valid = row < valid_rows
     keep = cute.full((VEC,), is_row_valid, cutlass.Boolean)
     k = rK.load().to(f32)
     g = rG.load()
     gate = cute.math.exp2(g, fastmath=True)
 
-    rKp = cute.make_rmem_tensor((VEC,), bf16)
-    rKp.store(cute.where(keep, ((k * beta) * gate).to(bf16), bf16(0.0)))
+    rKp = cute.make_rmem_tensor((VEC,), io)
+    rKp.store(cute.where(keep, ((k * beta) * gate).to(io), io(0.0)))
     cute.autovec_copy(rKp, cute.local_tile(sKp[None, row], (VEC,), (col_tile,)))
-    rVp = cute.make_rmem_tensor((VEC,), bf16)
-    rVp.store(cute.where(keep, (rV.load().to(f32) * beta).to(bf16), bf16(0.0)))
+    rVp = cute.make_rmem_tensor((VEC,), io)
+    rVp.store(cute.where(keep, (rV.load().to(f32) * beta).to(io), io(0.0)))
     cute.autovec_copy(rVp, cute.local_tile(sVp[None, row], (VEC,), (col_tile,)))
 
-    rKG = cute.make_rmem_tensor((VEC,), bf16)
-    rKG.store((k * cute.math.exp2(rGlast.load() - g, fastmath=True)).to(bf16))
+    rKG = cute.make_rmem_tensor((VEC,), io)
+    rKG.store((k * cute.math.exp2(rGlast.load() - g, fastmath=True)).to(io))
     store_vec_if(rKG, cute.local_tile(dKG[row, None], (VEC,), (col_tile,)), is_row_valid)
     if cutlass.const_expr(output_qg):
-        rQG = cute.make_rmem_tensor((VEC,), bf16)
-        rQG.store((rQ.load().to(f32) * gate).to(bf16))
+        rQG = cute.make_rmem_tensor((VEC,), io)
+        rQG.store((rQ.load().to(f32) * gate).to(io))
         store_vec_if(rQG, cute.local_tile(dQG[row, None], (VEC,), (col_tile,)), is_row_valid)
 
 
@@ -123,7 +126,7 @@ def load_akk_fragments(tiled_mma: cute.TiledMma, sA: cute.Tensor, tidx: cutlass.
     """The A fragments of Akk for this thread (ldmatrix from sA), loaded once for W and U."""
     thr_mma = tiled_mma.get_slice(tidx)
     s2r_A = cute.make_tiled_copy_A(
-        cute.make_copy_atom(warp.LdMatrix8x8x16bOp(False, 4), cutlass.BFloat16), tiled_mma)
+        cute.make_copy_atom(warp.LdMatrix8x8x16bOp(False, 4), sA.element_type), tiled_mma)
     tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
     thr_s2r_A = s2r_A.get_slice(tidx)
     cute.copy(s2r_A, thr_s2r_A.partition_S(sA), thr_s2r_A.retile(tCrA))
@@ -137,7 +140,7 @@ def products_w_u(tiled_mma: cute.TiledMma, sA: cute.Tensor, sKp: cute.Tensor, sV
     """W = Akk @ Kp, then U = Akk @ Vp (sOutW/sOutU alias sKp/sVp); the caller synchronizes before."""
     tCrA = load_akk_fragments(tiled_mma, sA, tidx)
     s2r_B = cute.make_tiled_copy_B(
-        cute.make_copy_atom(warp.LdMatrix8x8x16bOp(True, 4), cutlass.BFloat16), tiled_mma)
+        cute.make_copy_atom(warp.LdMatrix8x8x16bOp(True, 4), sKp.element_type), tiled_mma)
     product(tiled_mma, s2r_B, tCrA, sKp, sOutW, dW, valid_rows, tidx)
     product(tiled_mma, s2r_B, tCrA, sVp, sOutU, dU, valid_rows, tidx)
 
@@ -145,7 +148,7 @@ def products_w_u(tiled_mma: cute.TiledMma, sA: cute.Tensor, sKp: cute.Tensor, sV
 @cute.jit
 def product(tiled_mma: cute.TiledMma, s2r_B: cute.TiledCopy, tCrA: cute.Tensor, sB: cute.Tensor,
             sOut: cute.Tensor, dOut: cute.Tensor, valid_rows: cutlass.Int32, tidx: cutlass.Int32):
-    """dOut rows < valid_rows = bf16_RN(Akk @ B), staged through sOut (which aliases sB)."""
+    """dOut rows < valid_rows = io_RN(Akk @ B) (io: dOut's element type), staged through sOut (which aliases sB)."""
     thr_mma = tiled_mma.get_slice(tidx)
     tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
     thr_s2r_B = s2r_B.get_slice(tidx)
@@ -156,8 +159,8 @@ def product(tiled_mma: cute.TiledMma, s2r_B: cute.TiledCopy, tCrA: cute.Tensor, 
     for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
         cute.copy(s2r_B, tBsB[None, None, kb], tBrB[None, None, kb])
         cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
-    rOut = cute.make_rmem_tensor_like(acc, cutlass.BFloat16)
-    rOut.store(acc.load().to(cutlass.BFloat16))
+    rOut = cute.make_rmem_tensor_like(acc, dOut.element_type)
+    rOut.store(acc.load().to(dOut.element_type))
     cute.arch.sync_threads()  # every warp has finished reading sB: it becomes the staging tile
     cute.autovec_copy(rOut, thr_mma.partition_C(sOut))
     # Warp w's accumulator rows are 16w .. 16w+15 (MMA atoms 4x1x1 along M), and it copies out
@@ -171,6 +174,6 @@ def product(tiled_mma: cute.TiledMma, s2r_B: cute.TiledCopy, tCrA: cute.Tensor, 
     col_tile = lane % col_tiles
     for p in cutlass.range_constexpr(16 // rows_per_pass):
         row = warp_row0 + lane // col_tiles + p * rows_per_pass
-        rRow = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
+        rRow = cute.make_rmem_tensor((VEC,), dOut.element_type)
         cute.autovec_copy(cute.local_tile(sOut[row, None], (VEC,), (col_tile,)), rRow)
         store_vec_if(rRow, cute.local_tile(dOut[row, None], (VEC,), (col_tile,)), row < valid_rows)

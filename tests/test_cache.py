@@ -36,7 +36,7 @@ def _modes(root: Path) -> dict[str, int]:
 def test_entry_path_holds_arch_toolchain_spec_and_config():
     key = AkkInverseKey("dense", 64, "sm_90a")
     rel = cache_layout.entry_relpath(key, "0123456789abcdef")
-    assert rel.startswith("v1/sm_90a/tc-0123456789abcdef/kernels/akk_inverse.varlen-dense.chunk-64/w4-")
+    assert rel.startswith("v1/sm_90a/tc-0123456789abcdef/kernels/akk_inverse.varlen-dense.chunk-64.io_dtype-bf16/w4-")
     assert not os.path.isabs(rel) and len(rel) < 200
     other_arch = cache_layout.entry_relpath(AkkInverseKey("dense", 64, "sm_100a"), "0123456789abcdef")
     other_cfg = cache_layout.entry_relpath(AkkInverseKey("dense", 64, "sm_90a", KernelConfig(warps=8)), "0123456789abcdef")

@@ -99,7 +99,7 @@ def test_why_explains_hits_misses_and_rejections(copy, capsys):
     assert doc["status"] == "miss"
     assert doc["nearest"][0]["differences"] == [{"part": "spec", "field": "varlen", "entry": doc["nearest"][0][
         "differences"][0]["entry"], "now": "cu64"}]
-    assert "/sm_90a/" in doc["nearest"][0]["relpath"] and "--key akk_inverse.varlen-cu64.chunk-64@sm_90a" in doc["fix"]
+    assert "/sm_90a/" in doc["nearest"][0]["relpath"] and "--key akk_inverse.varlen-cu64.chunk-64.io_dtype-bf16@sm_90a" in doc["fix"]
     (ch.find_entry(copy, "sm_90a", "cu32") / cache_layout.META).write_text("{]")
     rc, out, _ = kd(capsys, "cache", "why", "akk_inverse.varlen-cu32.chunk-64@sm_90a", "--cache-dir", copy)
     assert rc == 1 and "rejected: corrupt" in out and "not valid JSON" in out
@@ -283,12 +283,15 @@ def test_precompile_expands_and_dedups_the_cross_product(tmp_path, capsys):
         return sorted(k["template"] for k in doc["keys"])
 
     everything = templates()
-    # sm_90a: the three standalone templates plus the fused kernel of each of the 12 specializations.
-    assert [everything.count(t) for t in ("akk_inverse", "intra", "recompute_wu", "fused_forward")] == [3, 6, 12, 12]
-    assert len(templates("--qg", "off")) == 3 + 6 + 6 + 6
-    assert templates("--beta", "bf16", "--varlen", "dense", "--qg", "on", "--kv", "128x128") == [
+    # sm_90a: the three standalone templates plus the fused kernel of each specialization: 2 io dtypes x
+    # 3 varlen modes for the inverse; x 3 beta dtypes x 3 head sizes for intra; x 2 QG for the others.
+    inverse, intra = 2 * 3, 2 * 3 * 3 * 3
+    assert [everything.count(t) for t in ("akk_inverse", "intra", "recompute_wu", "fused_forward")] == [
+        inverse, intra, 2 * intra, 2 * intra]
+    assert len(templates("--qg", "off")) == inverse + 3 * intra
+    assert templates("--beta", "bf16", "--varlen", "dense", "--qg", "on", "--kv", "128x128", "--io", "bf16") == [
         "akk_inverse", "fused_forward", "intra", "recompute_wu"]
-    assert len(templates("--arch", "sm_100a", "--only", "akk_inverse,intra")) == 2 * (3 + 6)
+    assert len(templates("--arch", "sm_100a", "--only", "akk_inverse,intra")) == 2 * (inverse + intra)
     rc, _, err = kd(capsys, "precompile", "--cache-dir", tmp_path, "--arch", "sm_75", "--dry-run")
     assert rc == 2 and "arch='sm_75' is not supported" in err
 

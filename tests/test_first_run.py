@@ -37,7 +37,7 @@ def test_version(capsys):
     (["--lengths", "abc"], ["--lengths", "'abc'", "comma-separated"]),
     (["--lengths", "5,-1"], ["--lengths", ">= 0"]),
     (["--lengths", "0,0"], ["--lengths", "at least one token"]),
-    (["--beta", "fp16"], ["--beta", "fp16", "bf16"]),
+    (["--beta", "fp64"], ["--beta", "fp64", "bf16"]),
 ])
 def test_demo_refuses_bad_arguments(capsys, argv, words):
     rc, out, err = run_cli(capsys, "demo", *argv)

@@ -54,10 +54,24 @@ def test_declines_with_a_reason(inputs, any_device, overrides, words):
     assert reason is not None and words in reason, reason
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_accepts_every_covered_dtype_and_head_size(any_device, dtype, head_dim):
+    # FLA's fp16 tests draw beta in the input dtype too.
+    x = reference.make_inputs(1, 130, 2, head_dim, head_dim, beta_dtype=dtype, io_dtype=dtype,
+                              generator=torch.Generator().manual_seed(0))
+    assert intra_reason(x) is None
+    akk = torch.zeros(1, 130, 2, 64, dtype=dtype)
+    assert kdajit_fla.recompute_decline_reason(x["k"], x["v"], x["beta"], akk, x["gk"], q=x["q"],
+                                               fla_version=VERSION) is None
+
+
 def test_declines_other_inputs(inputs, any_device):
     x = dict(inputs)
-    assert "float16" in intra_reason({**x, "q": x["q"].half()})
-    assert "K" in intra_reason({**x, **{n: x[n][..., :64].contiguous() for n in ("q", "k", "gk")}})
+    assert "float16" in intra_reason({**x, "q": x["q"].half()})  # q fp16, k bf16
+    assert "float32" in intra_reason({**x, **{n: x[n].float() for n in ("q", "k", "v")}})
+    assert "K" in intra_reason({**x, **{n: x[n][..., :96].contiguous() for n in ("q", "k", "gk")}})
+    assert "V == K" in intra_reason({**x, "v": x["v"][..., :64].contiguous()})
     grouped = {**x, "v": x["v"].repeat(1, 1, 2, 1), "gk": x["gk"].repeat(1, 1, 2, 1), "beta": x["beta"].repeat(1, 1, 2)}
     assert "grouped value heads" in intra_reason(grouped)
     batch2 = {n: torch.cat([x[n], x[n]]) for n in ("q", "k", "v", "gk", "beta")}

@@ -16,7 +16,7 @@ import torch
 import kdajit
 from kdajit import reference
 from kdajit.keys import BETA_DTYPES
-from kdajit.outputs import BETA_TORCH_DTYPES
+from kdajit.outputs import BETA_TORCH_DTYPES, IO_TORCH_DTYPES
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -36,15 +36,15 @@ def seed():
     return value
 
 
-def poisoned_out(B, T, H, K=128, V=128, chunk=64, qg=True):
-    nan = lambda *shape: torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+def poisoned_out(B, T, H, K=128, V=128, chunk=64, qg=True, dtype=torch.bfloat16):
+    nan = lambda *shape: torch.full(shape, float("nan"), dtype=dtype, device="cuda")
     return kdajit.ForwardOutput(nan(B, T, H, chunk), nan(B, T, H, chunk), nan(B, T, H, K), nan(B, T, H, V),
                                 nan(B, T, H, K), nan(B, T, H, K) if qg else None)
 
 
 def run(x, cu=None, output_qg=True):
-    B, T, H, _ = x["q"].shape
-    out = poisoned_out(B, T, H, qg=output_qg)
+    B, T, H, K = x["q"].shape
+    out = poisoned_out(B, T, H, K, x["v"].shape[-1], qg=output_qg, dtype=x["q"].dtype)
     res = kdajit.forward(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=output_qg, out=out)
     torch.cuda.synchronize()
     assert_written(res)
@@ -116,16 +116,17 @@ def chunk_upper_mask(T, cu=None):
     return torch.arange(64, device="cuda")[None, :] > chunk_positions(T, cu)[:, None]
 
 
-def accuracy_case(beta, varlen):
-    """(inputs, cu_seqlens, kdajit's outputs, fp64 reference) of the accuracy tests."""
+def accuracy_case(beta, varlen, io="bf16", K=128):
+    """(inputs, cu_seqlens, kdajit's outputs, fp64 reference) of the accuracy tests; `io` is the dtype of
+    q, k, v and K = V their head size."""
+    dtypes = dict(beta_dtype=BETA_TORCH_DTYPES[beta], io_dtype=IO_TORCH_DTYPES[io])
     if varlen:
         lengths = [1, 63, 64, 65, 127, 700, 1000]
         cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
-        x = reference.make_inputs(1, sum(lengths), 4, beta_dtype=BETA_TORCH_DTYPES[beta], cu_seqlens=cu,
-                                  device="cuda")
+        x = reference.make_inputs(1, sum(lengths), 4, K, K, cu_seqlens=cu, device="cuda", **dtypes)
     else:
         cu = None
-        x = reference.make_inputs(2, 1024, 4, beta_dtype=BETA_TORCH_DTYPES[beta], device="cuda")
+        x = reference.make_inputs(2, 1024, 4, K, K, device="cuda", **dtypes)
     out = run(x, cu)
     ref = reference.forward_reference(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=True)
     return x, cu, out, ref

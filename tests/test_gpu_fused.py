@@ -31,8 +31,8 @@ CONFIGS = FUSED_CONFIG_SPACE
 
 
 def poisoned(x, output_qg):
-    B, T, H, _ = x["q"].shape
-    return poisoned_out(B, T, H, qg=output_qg)
+    B, T, H, K = x["q"].shape
+    return poisoned_out(B, T, H, K, x["v"].shape[-1], qg=output_qg, dtype=x["q"].dtype)
 
 
 def fused(x, cu, output_qg, config):

@@ -70,11 +70,12 @@ KWARGS = ("cu_seqlens", "chunk_size", "scale", "safe_gate", "output_qg", "out")
 CASES = [
     # (id, overrides of the inputs and keyword arguments, exception type, words the message must contain)
     # dtypes
-    ("q float16", dict(q=X["q"].half()), TypeError, ["q", "bfloat16", "float16"]),
+    ("q float32", dict(q=X["q"].float()), TypeError, ["q", "bfloat16 or float16", "float32"]),
+    ("q float16, k bfloat16", dict(q=X["q"].half()), TypeError, ["k", "float16", "the dtype of q", "bfloat16"]),
     ("k int8", dict(k=X["k"].to(torch.int8)), TypeError, ["k", "int8"]),
     ("v float32", dict(v=X["v"].float()), TypeError, ["v", "float32"]),
     ("gk float64", dict(gk=X["gk"].double()), TypeError, ["gk", "float32", "float64"]),
-    ("beta float16", dict(beta=X["beta"].half()), TypeError, ["beta", "bfloat16 or float32", "float16"]),
+    ("beta float64", dict(beta=X["beta"].double()), TypeError, ["beta", "bfloat16 or float16 or float32", "float64"]),
     ("cu_seqlens int16", dict(cu_seqlens=cu(0, T, dtype=torch.int16)), TypeError, ["cu_seqlens", "int16"]),
     ("cu_seqlens float", dict(cu_seqlens=torch.tensor([0.0, T])), TypeError, ["cu_seqlens", "int32 or int64"]),
     # shapes
@@ -110,9 +111,9 @@ CASES = [
     ("T=0 with cu_seqlens to 64", dict(inputs(tokens=0), cu_seqlens=cu(0, 64)), ValueError,
      ["cu_seqlens", "T=0", "last=64"]),
     # unsupported specializations
-    ("K=64", dict(q=X["q"][..., :64]), NotImplementedError, ["K", "64", "[128]"]),
-    ("K=256", dict(q=torch.zeros(B, T, H, 256, dtype=bf16)), NotImplementedError, ["K", "256"]),
-    ("V=256", dict(v=torch.zeros(B, T, H, 256, dtype=bf16)), NotImplementedError, ["V", "256"]),
+    ("K=96", dict(q=torch.zeros(B, T, H, 96, dtype=bf16)), NotImplementedError, ["K", "96", "[64, 128, 256]"]),
+    ("K=256 with k of K=128", dict(q=torch.zeros(B, T, H, 256, dtype=bf16)), ValueError, ["k", "[1, 130, 2, 256]"]),
+    ("V=256", dict(v=torch.zeros(B, T, H, 256, dtype=bf16)), NotImplementedError, ["V", "256", "V == K"]),
     ("chunk 128", dict(chunk_size=128), NotImplementedError, ["chunk_size", "128", "[64]"]),
     ("chunk 64.0", dict(chunk_size=64.0), TypeError, ["chunk_size", "Python int", "float"]),
     ("chunk True", dict(chunk_size=True), TypeError, ["chunk_size", "bool"]),

@@ -10,7 +10,7 @@ from kdajit.outputs import BETA_TORCH_DTYPES
 SPEC = ForwardSpec("bf16", "cu32", 128, 128, 64, False, "sm_90a")
 # Another legal value for every field, used to check that each one reaches the key.
 OTHER = {"beta_dtype": "fp32", "varlen": "dense", "head_k": 64, "head_v": 64, "chunk": 32, "output_qg": True,
-         "arch": "sm_100a", "config": KernelConfig(warps=8)}
+         "arch": "sm_100a", "config": KernelConfig(warps=8), "io_dtype": "fp16"}
 
 
 @pytest.mark.parametrize("key", SPEC.kernel_keys(), ids=lambda k: k.TEMPLATE)
@@ -55,7 +55,9 @@ def test_kernel_keys_only_hold_what_the_kernel_depends_on():
 
 
 @pytest.mark.parametrize("field,value,words", [
-    ("beta_dtype", "fp16", ["beta_dtype", "fp16", "bf16", "fp32"]),
+    ("beta_dtype", "fp64", ["beta_dtype", "fp64", "bf16", "fp16", "fp32"]),
+    ("io_dtype", "fp32", ["io_dtype", "fp32", "bf16", "fp16"]),
+    ("head_v", 64, ["head_v", "64", "V == K"]),
     ("varlen", "cu16", ["varlen", "cu16"]),
     ("head_k", 96, ["head_k", "96"]),
     ("chunk", 48, ["chunk_size", "48"]),

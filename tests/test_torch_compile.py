@@ -14,8 +14,8 @@ import kdajit
 from kdajit import ops, reference
 
 
-def inputs(B, T, H, requires_grad=False):
-    x = reference.make_inputs(B, T, H, generator=torch.Generator().manual_seed(T))
+def inputs(B, T, H, requires_grad=False, dtype=torch.bfloat16, head_dim=128):
+    x = reference.make_inputs(B, T, H, head_dim, head_dim, io_dtype=dtype, generator=torch.Generator().manual_seed(T))
     return [x[n].requires_grad_(requires_grad) for n in ("q", "k", "v", "gk", "beta")]
 
 
@@ -27,11 +27,13 @@ def stand_in_kernels():
     ops.forward_out.register_kernel("cpu")(lambda *args: [t.fill_(1) for t in args[8:13]] and None)
 
 
-def test_fake_shapes_and_dtypes():
+@pytest.mark.parametrize("dtype, head_dim", [(torch.bfloat16, 128), (torch.float16, 64)], ids=["bf16-128", "fp16-64"])
+def test_fake_shapes_and_dtypes(dtype, head_dim):
     with FakeTensorMode(shape_env=ShapeEnv()) as mode:
-        q, k, v, gk, beta = (mode.from_tensor(t) for t in inputs(2, 130, 3))
+        q, k, v, gk, beta = (mode.from_tensor(t) for t in inputs(2, 130, 3, dtype=dtype, head_dim=head_dim))
         Aqk, Akk, w, u, kg, qg = torch.ops.kdajit.forward(q, k, v, gk, beta, 0.1, None, 64, True)
-        assert Aqk.shape == Akk.shape == (*q.shape[:3], 64) and Aqk.dtype == torch.bfloat16
+        assert Aqk.shape == Akk.shape == (*q.shape[:3], 64)
+        assert all(t.dtype == dtype for t in (Aqk, Akk, w, u, kg, qg))
         assert w.shape == kg.shape == qg.shape == q.shape and u.shape == v.shape
         *_, no_qg = torch.ops.kdajit.forward(q, k, v, gk, beta, 0.1, None, 64, False)
         assert no_qg.numel() == 0

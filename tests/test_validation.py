@@ -7,6 +7,9 @@ import pytest
 import torch
 
 import kdajit
+from kdajit import validate
+from kdajit.keys import HEAD_DIMS
+from kdajit.outputs import IO_TORCH_DTYPES
 
 B, T, H, K, V = 1, 130, 2, 128, 128
 
@@ -92,7 +95,7 @@ def test_chunk_kda_fwd_intra_default_gate_is_refused():
 def test_recompute_rejects_bad_akk_and_q():
     args = inputs()
     akk = torch.zeros(B, T, H, 64, dtype=torch.bfloat16)
-    with pytest.raises(TypeError, match="Akk must have dtype bfloat16, got float32"):
+    with pytest.raises(TypeError, match=r"Akk must have dtype bfloat16 \(the dtype of k\), got float32"):
         kdajit.recompute_w_u(args["k"], args["v"], args["beta"], akk.float(), args["gk"])
     with pytest.raises(ValueError, match=r"Akk must have shape \[1, 130, 2, 64\]"):
         kdajit.recompute_w_u(args["k"], args["v"], args["beta"], akk[:, :, :, :32], args["gk"])
@@ -237,3 +240,22 @@ def test_grid_limit_on_varlen_chunk_count():
     cu = torch.zeros(1, dtype=torch.int32).expand(2**31)  # N = 2**31 - 1 sequences: grid x = T // 64 + N
     with pytest.raises(ValueError, match=r"cu_seqlens.*2147483647"):
         call_forward(cu_seqlens=cu)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("io", sorted(IO_TORCH_DTYPES))
+def test_every_covered_io_dtype_and_head_size_is_accepted(io, head_dim, monkeypatch):
+    monkeypatch.setattr(validate, "check_devices", lambda **tensors: None)  # the last rule: CPU tensors pass
+    dtype = IO_TORCH_DTYPES[io]
+    x = {n: torch.randn(B, T, H, head_dim).to(dtype) for n in ("q", "k", "v")}
+    gk, beta = -torch.rand(B, T, H, head_dim), torch.rand(B, T, H).to(dtype)
+    problem = validate.check_recompute_inputs(x["k"], x["v"], beta, torch.zeros(B, T, H, 64, dtype=dtype), gk,
+                                              x["q"], None, 64)
+    assert (problem.io_dtype, problem.head_k, problem.head_v) == (io, head_dim, head_dim)
+    # Every output is in the inputs' dtype: an out= buffer of the other 16-bit dtype is refused by name.
+    other = torch.float16 if dtype == torch.bfloat16 else torch.bfloat16
+    wrong = torch.zeros(B, T, H, 64, dtype=other)
+    with pytest.raises(ValueError, match=rf"out\.Aqk must be .* {str(dtype)[6:]} tensor"):
+        validate.check_forward_inputs(x["q"], x["k"], x["v"], gk, beta, None, 64, {"Aqk": wrong})
+    with pytest.raises(TypeError, match=rf"Akk must have dtype {str(dtype)[6:]} \(the dtype of q\)"):
+        validate.check_recompute_inputs(x["k"], x["v"], beta, wrong, gk, x["q"], None, 64)
