@@ -70,7 +70,8 @@ def precompile_keys(args: argparse.Namespace, check_supported: bool = True) -> l
     from kdajit import compiler
 
     if args.key:
-        chosen = [name for name in ("arch", "beta", "varlen", "kv", "chunk", "only", "config") if getattr(args, name)]
+        chosen = [name for name in ("arch", "io", "beta", "varlen", "kv", "chunk", "only", "config")
+                  if getattr(args, name)]
         if chosen:
             raise ValueError(f"--key names whole kernels; drop --{', --'.join(chosen)}")
         found = {k.canonical(): k for k in (keyspec.parse_key(w) for w in args.key)}
@@ -122,7 +123,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             raise ValueError(f"--beta {beta!r} is not one of {', '.join(keys.BETA_DTYPES)}")
     try:
         return tuning.run_tune(args.shape, betas, args.varlen, args.qg == "on", args.force, args.json,
-                               not args.no_progress)
+                               not args.no_progress, args.io, args.kv)
     except RuntimeError as e:  # no GPU, a strict-bitwise mismatch: said in one line, not a traceback
         print(f"kdajit: error: {e}", file=sys.stderr)
         return 1
@@ -203,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--beta", action="append", help=f"beta dtypes, of {', '.join(keys.BETA_DTYPES)} (default bf16)")
     t.add_argument("--varlen", choices=("cu32", "cu64"), default="cu32", help="cu_seqlens dtype of H:len shapes")
     t.add_argument("--qg", choices=("off", "on"), default="off", help="output_qg")
+    t.add_argument("--io", choices=keys.IO_DTYPES, default="bf16", help="q/k/v dtype (default bf16)")
+    t.add_argument("--kv", type=int, choices=keys.HEAD_DIMS, default=128, help="head size K = V (default 128)")
     t.add_argument("--force", action="store_true", help="re-time every candidate, even ones already recorded")
     t.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     t.set_defaults(func=_cmd_tune)

@@ -296,6 +296,13 @@ def test_precompile_expands_and_dedups_the_cross_product(tmp_path, capsys):
     assert rc == 2 and "arch='sm_75' is not supported" in err
 
 
+def test_precompile_key_refuses_the_cross_product_options(tmp_path, capsys):
+    for option in (["--io", "fp16"], ["--kv", "64"], ["--beta", "fp16"]):
+        rc, _, err = kd(capsys, "precompile", "--cache-dir", tmp_path, "--dry-run", "--key",
+                        "akk_inverse.varlen-dense.chunk-64@sm_90a", *option)
+        assert rc == 2 and f"drop {option[0]}" in err, err
+
+
 def test_precompile_is_idempotent(copy, capsys):
     doc = kd_json(capsys, "precompile", "--cache-dir", copy, *ch.GOLDEN_ARGS, "--no-progress")
     assert (doc["compiled"], doc["present"], doc["failed"]) == (0, 4, 0)

@@ -209,6 +209,17 @@ def test_pruned_configurations_are_recorded_unbuildable_and_never_run(cache_root
     assert record.result(too_big).guard == "unbuildable"
 
 
+def test_head_size_256_prunes_the_configurations_sized_for_two_ctas_per_sm():
+    # A K = V = 256 CTA needs ~209 KB of shared memory: only one fits an SM. The tile reference asks for
+    # as many as fit and stays buildable; persistent grids sized for two CTAs per SM are pruned.
+    spec = dataclasses.replace(SPEC, head_k=256, head_v=256)
+    buildable, pruned = tuner.candidates(spec)
+    assert buildable[0] == REF and pruned
+    assert all(c.persistent and c.ctas_per_sm == 2 for c in pruned)
+    assert [c for c in FUSED_CONFIG_SPACE if c.persistent and c.ctas_per_sm == 1] == buildable[1:]
+    assert tuner.candidates(dataclasses.replace(SPEC, head_k=64, head_v=64, io_dtype="fp16"))[1] == []
+
+
 def test_malformed_or_foreign_records_are_refused_with_the_reason(cache_root):
     record = run_tune(standin_prepare())
     doc = record.to_json()
