@@ -63,7 +63,8 @@ def precompiled_cache(tmp_path):
         return target
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", CUTE_DSL_ARCH="sm_90a", KDAJIT_CACHE_DIR=str(target))
     proc = subprocess.run([sys.executable, "-m", "kdajit", "precompile", "--arch", "sm_90a", "--beta", "bf16",
-                           "--varlen", "dense,cu32,cu64", "--qg", "on", "--no-progress"],
+                           "--io", "bf16", "--kv", "128", "--varlen", "dense,cu32,cu64", "--qg", "on",
+                           "--no-progress"],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return target

@@ -15,8 +15,8 @@ from kdajit import compiler, reference
 from kdajit.keys import ForwardSpec, FusedConfig
 from kdajit.outputs import IO_TORCH_DTYPES
 from test_gpu_causal import assert_rows_equal, complete_chunk_rows
-from test_gpu_forward import (FLA_ERROR_FACTOR, INPUTS, OUTPUTS, accuracy_case, chunk_positions, chunk_upper_mask,
-                              fla_errors, fla_intra_or_skip, run, seed)  # noqa: F401 (seed is a fixture)
+from test_gpu_forward import (INPUTS, OUTPUTS, accuracy_case, assert_within_fla_factor, chunk_positions,
+                              chunk_upper_mask, fla_intra_or_skip, run, seed)  # noqa: F401 (seed is a fixture)
 from test_gpu_fused import fused, standalone
 
 pytestmark = [pytest.mark.gpu,
@@ -93,10 +93,4 @@ def test_appending_tokens_keeps_earlier_rows(seed, io, K, offset):
 @pytest.mark.parametrize("io, K", CASES, ids=CASE_IDS)
 def test_accuracy_within_contract_factor_of_fla(seed, io, K, varlen):
     fla_intra = fla_intra_or_skip()
-    x, cu, out, ref = accuracy_case(io, varlen, io, K)
-    theirs = fla_errors(fla_intra, x, ref, cu)
-    ours = {name: reference.relative_error(getattr(out, name), getattr(ref, name)) for name in OUTPUTS}
-    report = "\n".join(f"{name}: kdajit {ours[name]:.3e} vs FLA {theirs[name]:.3e}" for name in OUTPUTS)
-    print(report)
-    worse = [name for name in OUTPUTS if ours[name] > theirs[name] * FLA_ERROR_FACTOR]
-    assert not worse, f"{io} K={K}: above {FLA_ERROR_FACTOR} x FLA's error: {worse}\n{report}"
+    assert_within_fla_factor(fla_intra, *accuracy_case(io, varlen, io, K), what=f"{io} K={K}:")

@@ -99,7 +99,7 @@ def test_chunk_kda_with_kdajit_backend_matches_naive(counted, B, T, H, cu):
 
 
 def test_backend_declines_what_kdajit_does_not_cover(counted):
-    q, k, v, gate, beta, h0 = kda_inputs(1, 128, 2, 64, 1, seed=0)  # K = 64: not covered yet
+    q, k, v, gate, beta, h0 = kda_inputs(1, 128, 2, 100, 1, seed=0)  # K = 100 (FLA's tests): not covered yet
     with kdajit_fla.enabled(), torch.no_grad():
         fla_kda.chunk_kda(q, k, v, gate, beta, initial_state=h0, output_final_state=True, safe_gate=True)
         q, k, v, gate, beta, h0 = kda_inputs(1, 128, 2, 128, 1, seed=0)

@@ -59,7 +59,7 @@ def varlen_inputs(lengths, H, beta_dtype, index_dtype=torch.int32):
 
 
 def test_forward_runs_the_fused_kernel():
-    problem = kdajit.validate.Problem(1, 64, 1, 128, 128, 64, "bf16", "dense")
+    problem = kdajit.validate.Problem(1, 64, 1, 128, 128, 64, "bf16", "dense", "bf16")
     kernels = api._kernels(problem, 64, False, torch.cuda.current_device(), intra=True, recompute=True)
     assert kernels.fused is not None and kernels.intra is None
 
