@@ -1,12 +1,14 @@
 """Time kdajit.forward (fused and standalone routes) against FLA's chunk_kda_fwd_intra in the same process.
 
-    python benchmarks/bench_forward.py [--rows all|main|ROW,ROW...] [--configs] [--json out.json] [--plot out.png]
+    python benchmarks/bench_forward.py [--rows all|main|coverage|ROW,ROW...] [--configs] [--json out.json]
+                                       [--plot out.png]
 
-Rows (K = V = 128, chunk 64, output_qg=False, FLA with safe_gate=True): B=2 T=8192 H=64 with bf16 and
-fp32 beta; 32 packed sequences of lengths uniform in 1..4096 (seed 0), H=64; B=1 T=8192 H=32;
-B=8 T=2048 H=32; B=1 T=65536 H=8. Every input set is larger than the H200's 50 MB L2, so one set is
-timed without rotation. Per row: median time (triton.testing.do_bench: warm-up, then the median of
->= 20 timed runs) of FLA, kdajit's fused route (what `forward` runs on sm_90a), and the standalone route
+Rows (K = V = 128, bf16 q/k/v, chunk 64, output_qg=False, FLA with safe_gate=True): B=2 T=8192 H=64 with bf16
+and fp32 beta; 32 packed sequences of lengths uniform in 1..4096 (seed 0), H=64; B=1 T=8192 H=32;
+B=8 T=2048 H=32; B=1 T=65536 H=8. The coverage rows (`--rows coverage`, not in `all`): B=2 T=8192 H=64 with
+fp16 q/k/v and beta, and with K = V = 64 and 256 (bf16). Every input set is larger than the H200's 50 MB
+L2, so one set is timed without rotation. Per row: median time (triton.testing.do_bench: warm-up, then the
+median of >= 20 timed runs) of FLA, kdajit's fused route (what `forward` runs on sm_90a), and the standalone route
 (intra + inverse + recompute), the ratio FLA / fused, the fraction of the HBM floor (minimal traffic:
 each input read once, each output written once, at the measured copy rate), and a per-kernel breakdown
 from the torch profiler. `--configs` also times every fused configuration. Prints a markdown table.
@@ -21,25 +23,28 @@ import sys
 
 import torch
 
-from kdajit import api, reference
-from kdajit.keys import FUSED_CONFIG_SPACE, FusedConfig
-from kdajit.outputs import BETA_TORCH_DTYPES
+from kdajit import api, compiler, reference, tuner
+from kdajit.keys import ForwardSpec, FusedConfig
+from kdajit.outputs import BETA_TORCH_DTYPES, IO_TORCH_DTYPES
 
 HBM_TBPS = 4.18  # measured copy bandwidth of the H200 (read + write bytes / time)
-ROWS = {  # name: (B, T, H, beta, number of packed sequences or 0 for dense)
-    "B2-T8192-H64-bf16": (2, 8192, 64, "bf16", 0),
-    "B2-T8192-H64-fp32": (2, 8192, 64, "fp32", 0),
-    "varlen32-H64": (1, None, 64, "bf16", 32),
-    "B1-T8192-H32": (1, 8192, 32, "bf16", 0),
-    "B8-T2048-H32": (8, 2048, 32, "bf16", 0),
-    "B1-T65536-H8": (1, 65536, 8, "bf16", 0),
+ROWS = {  # name: (B, T, H, beta, number of packed sequences or 0 for dense, q/k/v dtype, K = V)
+    "B2-T8192-H64-bf16": (2, 8192, 64, "bf16", 0, "bf16", 128),
+    "B2-T8192-H64-fp32": (2, 8192, 64, "fp32", 0, "bf16", 128),
+    "varlen32-H64": (1, None, 64, "bf16", 32, "bf16", 128),
+    "B1-T8192-H32": (1, 8192, 32, "bf16", 0, "bf16", 128),
+    "B8-T2048-H32": (8, 2048, 32, "bf16", 0, "bf16", 128),
+    "B1-T65536-H8": (1, 65536, 8, "bf16", 0, "bf16", 128),
+    "B2-T8192-H64-fp16": (2, 8192, 64, "fp16", 0, "fp16", 128),
+    "B2-T8192-H64-K64": (2, 8192, 64, "bf16", 0, "bf16", 64),
+    "B2-T8192-H64-K256": (2, 8192, 64, "bf16", 0, "bf16", 256),
 }
 MAIN_ROWS = ("B2-T8192-H64-bf16", "B2-T8192-H64-fp32")
-CONFIGS = FUSED_CONFIG_SPACE
+COVERAGE_ROWS = ("B2-T8192-H64-fp16", "B2-T8192-H64-K64", "B2-T8192-H64-K256")
 
 
 def minimal_bytes(tokens: int, H: int, K: int, V: int, chunk: int, beta_bytes: int) -> int:
-    inputs = tokens * H * (2 * K * 2 + V * 2 + K * 4 + beta_bytes)  # q, k, v bf16; gk fp32; beta
+    inputs = tokens * H * (2 * K * 2 + V * 2 + K * 4 + beta_bytes)  # q, k, v 16-bit; gk fp32; beta
     outputs = tokens * H * (2 * chunk * 2 + 2 * K * 2 + V * 2)  # Aqk, Akk; w, kg; u
     return inputs + outputs
 
@@ -68,7 +73,7 @@ def kernel_breakdown(fn) -> list[tuple[str, float]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
-def make_row_inputs(B, T, H, beta, sequences):
+def make_row_inputs(B, T, H, beta, sequences, io="bf16", K=128):
     beta_dtype = BETA_TORCH_DTYPES[beta]
     cu = None
     if sequences:
@@ -76,7 +81,8 @@ def make_row_inputs(B, T, H, beta, sequences):
         lengths = torch.randint(1, 4097, (sequences,), generator=g)
         cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32).cuda()
         B, T = 1, int(lengths.sum())
-    x = reference.make_inputs(B, T, H, beta_dtype=beta_dtype, cu_seqlens=cu, device="cuda")
+    x = reference.make_inputs(B, T, H, K, K, beta_dtype=beta_dtype, io_dtype=IO_TORCH_DTYPES[io], cu_seqlens=cu,
+                              device="cuda")
     return x, cu, B * T
 
 
@@ -95,8 +101,8 @@ def standalone_route():
 
 
 def run_row(name: str, with_configs: bool) -> dict:
-    B, T, H, beta, sequences = ROWS[name]
-    x, cu, tokens = make_row_inputs(B, T, H, beta, sequences)
+    B, T, H, beta, sequences, io, K = ROWS[name]
+    x, cu, tokens = make_row_inputs(B, T, H, beta, sequences, io, K)
     args = (x["q"], x["k"], x["v"], x["gk"], x["beta"], None, cu, 64, False, True, None)
 
     def fused(config=FusedConfig()):
@@ -105,14 +111,15 @@ def run_row(name: str, with_configs: bool) -> dict:
     def standalone():
         return api._forward(*args)
 
-    r = {"row": name, "B": B, "T": T, "H": H, "tokens": tokens, "sequences": sequences, "beta": beta,
-         "gpu": torch.cuda.get_device_name()}
+    r = {"row": name, "B": B, "T": T, "H": H, "K": K, "io": io, "tokens": tokens, "sequences": sequences,
+         "beta": beta, "gpu": torch.cuda.get_device_name()}
     r["fused_ms"] = bench(fused())
     with standalone_route():
         r["standalone_ms"] = bench(standalone)
         r["standalone_kernels"] = kernel_breakdown(standalone)
-    if with_configs:
-        r["configs_ms"] = {c.slug(): bench(fused(c)) for c in CONFIGS}
+    if with_configs:  # every configuration of the space that fits this specialization
+        spec = ForwardSpec(beta, "cu32" if sequences else "dense", K, K, 64, False, compiler.current_arch(), io)
+        r["configs_ms"] = {c.slug(): bench(fused(c)) for c in tuner.candidates(spec)[0]}
     try:
         from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra as fla_intra
 
@@ -121,7 +128,7 @@ def run_row(name: str, with_configs: bool) -> dict:
                                               safe_gate=True))
     except ImportError:
         r["fla_ms"] = None
-    nbytes = minimal_bytes(tokens, H, 128, 128, 64, x["beta"].element_size())
+    nbytes = minimal_bytes(tokens, H, K, K, 64, x["beta"].element_size())
     r["floor_ms"] = nbytes / (HBM_TBPS * 1e12) * 1e3
     r["fused_floor_fraction"] = r["floor_ms"] / r["fused_ms"]
     r["fused_kernels"] = kernel_breakdown(fused())
@@ -161,15 +168,18 @@ def plot(results: list[dict], path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="all",
-                        help=f"all, main (the two B=2 T=8192 H=64 rows) or comma-separated names of {list(ROWS)}")
+                        help=f"all, main (the two B=2 T=8192 H=64 rows), coverage or comma-separated names of "
+                             f"{list(ROWS)}")
     parser.add_argument("--configs", action="store_true", help="also time every fused configuration")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--plot", help="draw time against tokens x heads to this PNG (needs matplotlib)")
     args = parser.parse_args(argv)
-    names = {"all": list(ROWS), "main": list(MAIN_ROWS)}.get(args.rows) or args.rows.split(",")
+    every = [n for n in ROWS if n not in COVERAGE_ROWS]
+    names = {"all": every, "main": list(MAIN_ROWS), "coverage": list(COVERAGE_ROWS)}.get(args.rows) \
+        or args.rows.split(",")
     unknown = [n for n in names if n not in ROWS]
     if unknown:
-        parser.error(f"--rows: unknown rows {unknown}; expected all, main or names of {list(ROWS)}")
+        parser.error(f"--rows: unknown rows {unknown}; expected all, main, coverage or names of {list(ROWS)}")
     if not torch.cuda.is_available():
         print("bench_forward needs a CUDA GPU")
         return 1

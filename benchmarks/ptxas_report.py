@@ -1,8 +1,8 @@
 """Registers, spills and stack of every kernel of one specialization, from ptxas (CPU, no GPU needed).
 
-    python benchmarks/ptxas_report.py [--beta bf16] [--varlen dense] [--qg]
+    python benchmarks/ptxas_report.py [--beta bf16] [--varlen dense] [--qg] [--io bf16] [--kv 128] [--reference-only]
 
-Compiles each kernel key (the standalone kernels and every fused configuration) for sm_90a with CuTe DSL's
+Compiles each kernel key (the standalone kernels and every fused configuration that fits) for sm_90a with CuTe DSL's
 `remarks{ptx}` option, which prints ptxas's resource usage, and writes a markdown table: registers per thread,
 spill stores/loads, stack, and the CTAs per SM that the registers alone allow (65,536 per SM, allocated per
 warp in units of 256). Numbers: docs/performance.md, "Registers".
@@ -53,13 +53,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beta", default="bf16", choices=("bf16", "fp32"))
     parser.add_argument("--varlen", default="dense", choices=("dense", "cu32", "cu64"))
     parser.add_argument("--qg", action="store_true", help="the output_qg specialization")
+    parser.add_argument("--io", default="bf16", choices=("bf16", "fp16"), help="q/k/v dtype")
+    parser.add_argument("--kv", type=int, default=128, choices=(64, 128, 256), help="head size K = V")
+    parser.add_argument("--reference-only", action="store_true", help="only the fused reference configuration")
     args = parser.parse_args(argv)
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    from kdajit import compiler
-    from kdajit.keys import FUSED_CONFIG_SPACE, ForwardSpec
+    from kdajit import compiler, tuner
+    from kdajit.keys import ForwardSpec
 
-    spec = ForwardSpec(args.beta, args.varlen, 128, 128, 64, args.qg, "sm_90a")
-    keys = [spec.intra_key(), spec.inverse_key(), spec.recompute_key()] + [spec.fused_key(c) for c in FUSED_CONFIG_SPACE]
+    spec = ForwardSpec(args.beta, args.varlen, args.kv, args.kv, 64, args.qg, "sm_90a", args.io)
+    configs = tuner.candidates(spec)[0][:1 if args.reference_only else None]
+    keys = [spec.intra_key(), spec.inverse_key(), spec.recompute_key()] + [spec.fused_key(c) for c in configs]
     print("| kernel | config | registers | spill stores / loads (B) | stack (B) | CTAs per SM by registers |")
     print("|---|---|---|---|---|---|", flush=True)
     for key in keys:
