@@ -2,7 +2,7 @@
 # GPU work on the project's lent H200 in one device call, as named stages:
 #   bash benchmarks/h200_session.sh STAGE...        (carry .gpu, and .gpu-cache/cpu.tar.xz if present)
 # Stages: tests (demo + the whole GPU suite), core (tests without the FLA-backend file and the
-# FLA-ratio accuracy runs), core_fla (core and dslfree with the FLA-backend tests in the background),
+# FLA-ratio accuracy runs), core_fla (core and dslfree, the FLA tests in the background),
 # suite (demo + the GPU suite but the fused and FLA-backend files, which have their own stages), fused
 # (fused-kernel GPU tests), bench (bench_forward, every row, with --plot),
 # benchmain (the two main rows, every fused configuration), phases (fused_phases, objects from the
@@ -58,12 +58,13 @@ for what in "$@"; do
       stage demo 120 python3 -m kdajit demo
       stage core 300 python3 -m pytest -q -m gpu -rfE --durations=10 tests --ignore=tests/test_gpu_fla_backend.py \
         -k "not accuracy_within_contract_factor_of_fla" ;;
-    core_fla)  # core and dslfree, with the FLA-backend tests (CPU-bound Triton compiles) beside them in the
-      # background; their kernels only perturb CTA placement, which the bitwise tests must survive anyway
-      stage fla_tests "${FLA_LIMIT:-540}" python3 -m pytest -q -m gpu -rfE --durations=8 \
-        tests/test_gpu_fla_backend.py &
+    core_fla)  # core and dslfree, with the FLA-backend tests and the coverage specializations' FLA-ratio tests
+      # (CPU-bound Triton compiles) beside them in the background; their kernels only perturb CTA placement,
+      # which the bitwise tests must survive anyway
+      stage fla_tests "${FLA_LIMIT:-450}" python3 -m pytest -q -m gpu -rfE --durations=8 \
+        tests/test_gpu_fla_backend.py tests/test_gpu_coverage.py::test_accuracy_within_contract_factor_of_fla &
       stage demo 120 python3 -m kdajit demo
-      stage core 300 python3 -m pytest -q -m gpu -rfE --durations=10 tests --ignore=tests/test_gpu_fla_backend.py \
+      stage core 400 python3 -m pytest -q -m gpu -rfE --durations=10 tests --ignore=tests/test_gpu_fla_backend.py \
         -k "not accuracy_within_contract_factor_of_fla"
       stage dslfree 90 python3 benchmarks/dsl_free_load.py --json "$out/dsl_free.json"
       wait
