@@ -127,5 +127,6 @@ def test_shared_memory_layouts_are_the_documented_bytes(template):
     key = next(k for k in REFERENCE if k.TEMPLATE == template)
     compiler._cute()
     module = importlib.import_module(compiler._TEMPLATES[type(key)][0])
-    assert f"{module.smem_bytes(key):,} B" in module.__doc__ or f"{module.smem_bytes(key):,} bytes" in module.__doc__, (
+    doc = " ".join(module.__doc__.split())  # a number and its unit may sit on two lines
+    assert f"{module.smem_bytes(key):,} B" in doc or f"{module.smem_bytes(key):,} bytes" in doc, (
         template, module.smem_bytes(key))
