@@ -28,5 +28,8 @@ fused_bf16_128 --beta bf16 --varlen cu64 --qg off "${configs[@]}"
 fused_bf16_128 --beta bf16 --varlen cu32 --qg on \
   --config "persistent=true;ctas_per_sm=2;raster=head;loads_ahead=0"
 fused_bf16_128 --beta bf16 --varlen dense --qg on "${configs[@]}"        # stressconfigs
+# bench_forward --rows coverage: fp16 K = 128 and bf16 K = 64 / 256, dense, QG off (the standalone kernels too)
+precompile --io fp16 --beta fp16 --kv 128 --varlen dense --qg off
+precompile --io bf16 --beta bf16 --kv 64,256 --varlen dense --qg off
 tar -C .gpu-cache -cJf .gpu-cache/cpu.tar.xz cpu phases
 ls -la .gpu-cache/cpu.tar.xz
