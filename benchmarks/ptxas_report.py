@@ -50,7 +50,7 @@ def ptxas_usage(compiler, key) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--beta", default="bf16", choices=("bf16", "fp32"))
+    parser.add_argument("--beta", default="bf16", choices=("bf16", "fp16", "fp32"))
     parser.add_argument("--varlen", default="dense", choices=("dense", "cu32", "cu64"))
     parser.add_argument("--qg", action="store_true", help="the output_qg specialization")
     parser.add_argument("--io", default="bf16", choices=("bf16", "fp16"), help="q/k/v dtype")
