@@ -53,17 +53,20 @@ def _tensor(name: str, t: object) -> torch.Tensor:
     return t
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
 def _dtype(name: str, t: torch.Tensor, allowed: tuple[torch.dtype, ...]) -> None:
     if t.dtype not in allowed:
-        names = " or ".join(str(d).replace("torch.", "") for d in allowed)
-        raise TypeError(f"{name} must have dtype {names}, got {str(t.dtype).replace('torch.', '')}")
+        names = " or ".join(_dtype_name(d) for d in allowed)
+        raise TypeError(f"{name} must have dtype {names}, got {_dtype_name(t.dtype)}")
 
 
 def _same_dtype(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
     if t.dtype != ref.dtype:
-        dtype = str(ref.dtype).replace("torch.", "")
-        raise TypeError(f"{name} must have dtype {dtype} (the dtype of {ref_name}), got "
-                        f"{str(t.dtype).replace('torch.', '')}")
+        raise TypeError(f"{name} must have dtype {_dtype_name(ref.dtype)} (the dtype of {ref_name}), got "
+                        f"{_dtype_name(t.dtype)}")
 
 
 def _shape(name: str, t: torch.Tensor, expected: tuple[int, ...], meaning: str) -> None:
@@ -193,15 +196,14 @@ def _check_outputs(outputs: dict[str, object], problem: Problem, inputs: dict[st
         return
     seen = [(name, _span(t)) for name, t in inputs.items() if t is not None and t.numel()]
     dtype = IO_TORCH_DTYPES[problem.io_dtype]
-    dtype_name = str(dtype).replace("torch.", "")
     for name, t in outputs.items():
         shape = [problem.batch, problem.tokens, problem.heads, getattr(problem, _OUTPUT_LAST_DIM[name])]
         if not isinstance(t, torch.Tensor) or list(t.shape) != shape or t.dtype != dtype \
                 or not t.is_contiguous() or t.data_ptr() % ALIGNMENT[name]:
-            got = (f"{str(t.dtype).replace('torch.', '')} {list(t.shape)} with strides {list(t.stride())} at "
+            got = (f"{_dtype_name(t.dtype)} {list(t.shape)} with strides {list(t.stride())} at "
                    f"{hex(t.data_ptr())}" if isinstance(t, torch.Tensor) else type(t).__name__)
-            raise ValueError(f"out.{name} must be a contiguous, {ALIGNMENT[name]}-byte aligned {dtype_name} tensor "
-                             f"(the inputs' dtype) of shape {shape}, got {got}")
+            raise ValueError(f"out.{name} must be a contiguous, {ALIGNMENT[name]}-byte aligned {_dtype_name(dtype)} "
+                             f"tensor (the inputs' dtype) of shape {shape}, got {got}")
         if not t.numel():
             continue
         device, start, end = _span(t)
