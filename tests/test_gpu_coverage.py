@@ -11,13 +11,13 @@ rows), and each output's error at most FLA's on the same inputs times docs/contr
 import pytest
 import torch
 
-from kdajit import compiler, reference
-from kdajit.keys import ForwardSpec, FusedConfig
+from kdajit import reference
+from kdajit.keys import FusedConfig
 from kdajit.outputs import IO_TORCH_DTYPES
 from test_gpu_causal import assert_rows_equal, complete_chunk_rows
-from test_gpu_forward import (INPUTS, OUTPUTS, accuracy_case, assert_within_fla_factor, chunk_positions,
-                              chunk_upper_mask, fla_intra_or_skip, run, seed)  # noqa: F401 (seed is a fixture)
-from test_gpu_fused import fused, standalone
+from test_gpu_forward import (INPUTS, OUTPUTS, accuracy_case, assert_bitwise, assert_fp64_accuracy_and_exact_structure,
+                              assert_within_fla_factor, fla_intra_or_skip, run, seed)  # noqa: F401 (seed: fixture)
+from test_gpu_fused import _arch_has_fused, fused, standalone
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -28,11 +28,6 @@ CASE_IDS = [f"{io}-K{K}" for io, K in CASES]
 # A persistent configuration every case can build (one CTA per SM fits K = 256).
 PERSISTENT = FusedConfig(True, 1, "head", 1)
 VARLEN_LENGTHS = [1, 63, 65, 200, 130]
-
-
-def _has_fused() -> bool:
-    return torch.cuda.is_available() and ForwardSpec("bf16", "dense", 128, 128, 64, False,
-                                                     compiler.current_arch()).uses_fused
 
 
 def inputs(io, K, varlen):
@@ -52,29 +47,17 @@ def test_accuracy_against_fp64_and_exact_structure(seed, io, K, varlen):
     for name in OUTPUTS:
         got = getattr(out, name)
         assert got.dtype == IO_TORCH_DTYPES[io], f"{name} has dtype {got.dtype}, expected the inputs' {io}"
-        err = reference.relative_error(got, getattr(ref, name))
-        assert err < 1e-2, f"{name}: relative error {err:.3e} against fp64"
-    T = x["q"].shape[1]
-    upper = chunk_upper_mask(T, cu)[None, :, None, :].expand_as(out.Aqk)
-    diag = (torch.arange(64, device="cuda")[None, :] == chunk_positions(T, cu)[:, None])[None, :, None, :]
-    assert (out.Aqk[upper] == 0).all() and (out.Akk[upper] == 0).all()
-    assert (out.Akk[diag.expand_as(out.Akk)] == 1).all()
+    assert_fp64_accuracy_and_exact_structure(x, cu, out, ref)
 
 
-@pytest.mark.skipif(not _has_fused(), reason="this GPU's arch has no fused kernel")
+@pytest.mark.skipif(not _arch_has_fused(), reason="this GPU's arch has no fused kernel")
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 @pytest.mark.parametrize("io, K", CASES, ids=CASE_IDS)
 def test_fused_configs_equal_standalone(seed, io, K, varlen):
     x, cu = inputs(io, K, varlen)
     expected = standalone(x, cu, True)
     for config in (FusedConfig(), PERSISTENT):
-        got = fused(x, cu, True, config)
-        for name in OUTPUTS:
-            a, b = getattr(expected, name), getattr(got, name)
-            if not torch.equal(a.view(torch.int16), b.view(torch.int16)):
-                bad = (a.view(torch.int16) != b.view(torch.int16)).nonzero()
-                raise AssertionError(f"{config.slug()}: {name} differs from the standalone route in {len(bad)} "
-                                     f"elements, first at {bad[0].tolist()}")
+        assert_bitwise(expected, fused(x, cu, True, config), f"{io} K={K}: {config.slug()} vs the standalone route")
 
 
 @pytest.mark.parametrize("offset", [1, 17, 63])

@@ -135,11 +135,14 @@ def accuracy_case(beta, varlen, io="bf16", K=128):
 @pytest.mark.parametrize("beta", BETA_DTYPES)
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 def test_accuracy_against_fp64_and_exact_structure(seed, beta, varlen):
-    x, cu, out, ref = accuracy_case(beta, varlen)
+    assert_fp64_accuracy_and_exact_structure(*accuracy_case(beta, varlen))
+
+
+def assert_fp64_accuracy_and_exact_structure(x, cu, out, ref):
+    """Each output's error against fp64 < 1e-2; Aqk zero above the diagonal, Akk unit lower triangular."""
     for name in OUTPUTS:
         err = reference.relative_error(getattr(out, name), getattr(ref, name))
         assert err < 1e-2, f"{name}: relative error {err:.3e} against fp64"
-    # Exact structure: Aqk zero above the diagonal, Akk unit lower triangular.
     T = x["q"].shape[1]
     upper = chunk_upper_mask(T, cu)[None, :, None, :].expand_as(out.Aqk)
     diag = (torch.arange(64, device="cuda")[None, :] == chunk_positions(T, cu)[:, None])[None, :, None, :]
