@@ -17,7 +17,8 @@ from kdajit import keys as kkeys
 from kdajit.keys import ForwardSpec, KernelConfig, key_from_json
 
 QG_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
-_FIELD_CHOICES = {"io_dtype": kkeys.IO_DTYPES, "beta_dtype": kkeys.BETA_DTYPES, "varlen": kkeys.VARLEN_MODES, "head_k": kkeys.HEAD_DIMS,
+_FIELD_CHOICES = {"io_dtype": kkeys.IO_DTYPES, "beta_dtype": kkeys.BETA_DTYPES, "varlen": kkeys.VARLEN_MODES,
+                  "head_k": kkeys.HEAD_DIMS,
                   "head_v": kkeys.HEAD_DIMS, "chunk": kkeys.CHUNK_SIZES, "arch": kkeys.ARCHS}
 
 

@@ -206,7 +206,8 @@ def chunk_local_cumsum(g: torch.Tensor, chunk_size: int = 64, *, cu_seqlens: tor
 
 
 def make_inputs(B: int, T: int, H: int, K: int = 128, V: int = 128, *, beta_dtype: torch.dtype = torch.bfloat16,
-                io_dtype: torch.dtype = torch.bfloat16, cu_seqlens: torch.Tensor | None = None, lower_bound: float = -5.0,
+                io_dtype: torch.dtype = torch.bfloat16, cu_seqlens: torch.Tensor | None = None,
+                lower_bound: float = -5.0,
                 device: str | torch.device = "cpu", generator: torch.Generator | None = None,
                 chunk_size: int = 64) -> dict[str, torch.Tensor]:
     """Realistic KDA forward inputs with the lower-bound ("safe") gate; all contiguous, on `device`.

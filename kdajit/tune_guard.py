@@ -41,7 +41,8 @@ def make_problem(spec: ForwardSpec, batch: int, heads: int, *, tokens: int | Non
         cu = torch.tensor((0,) + tuple(lengths)).cumsum(0).to(CU_SEQLENS_TORCH_DTYPES[spec.varlen])
         batch, tokens = 1, sum(lengths)
     x = reference.make_inputs(batch, tokens, heads, spec.head_k, spec.head_v, beta_dtype=beta_dtype,
-                              io_dtype=IO_TORCH_DTYPES[spec.io_dtype], cu_seqlens=cu, generator=gen, chunk_size=spec.chunk)
+                              io_dtype=IO_TORCH_DTYPES[spec.io_dtype], cu_seqlens=cu, generator=gen,
+                              chunk_size=spec.chunk)
     if gate == "steepest":
         x["g_raw"] = torch.full_like(x["g_raw"], SAFE_GATE_BOUND)
         x["gk"] = reference.chunk_local_cumsum(x["g_raw"], spec.chunk, cu_seqlens=cu, scale=reference.RCP_LN2)

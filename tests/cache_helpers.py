@@ -18,7 +18,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
-GOLDEN_ARGS = ["--arch", "sm_90a,sm_100a", "--only", "akk_inverse", "--varlen", "dense,cu32", "--chunk", "64", "--io", "bf16"]
+GOLDEN_ARGS = ["--arch", "sm_90a,sm_100a", "--only", "akk_inverse", "--varlen", "dense,cu32", "--chunk", "64",
+               "--io", "bf16"]
 # The four keys of the golden cache, as JSON (the test process never needs CuTe DSL for these).
 GOLDEN_KEYS = [{"template": "akk_inverse", "varlen": v, "chunk": 64, "arch": a, "config": {"warps": 4},
                "io_dtype": "bf16"} for a in ("sm_90a", "sm_100a") for v in ("dense", "cu32")]

@@ -99,7 +99,8 @@ def test_why_explains_hits_misses_and_rejections(copy, capsys):
     assert doc["status"] == "miss"
     assert doc["nearest"][0]["differences"] == [{"part": "spec", "field": "varlen", "entry": doc["nearest"][0][
         "differences"][0]["entry"], "now": "cu64"}]
-    assert "/sm_90a/" in doc["nearest"][0]["relpath"] and "--key akk_inverse.varlen-cu64.chunk-64.io_dtype-bf16@sm_90a" in doc["fix"]
+    assert "/sm_90a/" in doc["nearest"][0]["relpath"]
+    assert "--key akk_inverse.varlen-cu64.chunk-64.io_dtype-bf16@sm_90a" in doc["fix"]
     (ch.find_entry(copy, "sm_90a", "cu32") / cache_layout.META).write_text("{]")
     rc, out, _ = kd(capsys, "cache", "why", "akk_inverse.varlen-cu32.chunk-64@sm_90a", "--cache-dir", copy)
     assert rc == 1 and "rejected: corrupt" in out and "not valid JSON" in out
