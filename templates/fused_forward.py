@@ -129,7 +129,8 @@ class FusedForward:
             return False
         cfg = key.config
         fits = (key.chunk == 64 and key.head_k in HEAD_DIMS and key.head_v == key.head_k
-                and key.beta_dtype in DTYPES and key.io_dtype in IO_TYPES and key.varlen in VARLEN_MODES and key.arch in FUSED_ARCHS
+                and key.beta_dtype in DTYPES and key.io_dtype in IO_TYPES and key.varlen in VARLEN_MODES
+                and key.arch in FUSED_ARCHS
                 and isinstance(key.output_qg, bool))
         if (not fits or not isinstance(cfg.persistent, bool) or cfg.raster not in RASTER_ORDERS
                 or cfg.loads_ahead not in LOADS_AHEAD):

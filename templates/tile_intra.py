@@ -6,8 +6,9 @@ are documented in `templates/intra.py` and docs/numerics.md; every kernel that n
 calls exactly this code, so the bits cannot drift apart.
 
 Inputs are [chunk, head_k] shared tiles in the padded row layout of `padded_tile_layout` (q, k in
-the io dtype, bf16 or fp16; g fp32) and a [chunk] fp32 beta vector (0 for rows >= valid_rows). Outputs go to any [chunk, chunk]
-tensor, global or shared: the block store `store_block` only needs `partition_C` views of it.
+the io dtype, bf16 or fp16; g fp32) and a [chunk] fp32 beta vector (0 for rows >= valid_rows).
+Outputs go to any [chunk, chunk] tensor, global or shared: the block store `store_block` only needs
+`partition_C` views of it.
 """
 from __future__ import annotations
 
