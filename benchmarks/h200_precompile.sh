@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=.gpu-cache/cpu
-rm -rf .gpu-cache
+rm -rf "$root" .gpu-cache/phases .gpu-cache/cpu.tar.xz  # keeps triton.tar.xz (h200_session.sh)
 configs=()  # --config words of every non-reference configuration in kdajit.keys.FUSED_CONFIG_SPACE
 while read -r word; do configs+=(--config "$word"); done < <(python -c '
 import dataclasses
