@@ -6,7 +6,8 @@
 Rows (K = V = 128, bf16 q/k/v, chunk 64, output_qg=False, FLA with safe_gate=True): B=2 T=8192 H=64 with bf16
 and fp32 beta; 32 packed sequences of lengths uniform in 1..4096 (seed 0), H=64; B=1 T=8192 H=32;
 B=8 T=2048 H=32; B=1 T=65536 H=8. The coverage rows (`--rows coverage`, not in `all`): B=2 T=8192 H=64 with
-fp16 q/k/v and beta, and with K = V = 64 and 256 (bf16). Every input set is larger than the H200's 50 MB
+fp16 q/k/v and beta, with K = V = 64 and 256 (bf16), and with grouped value heads (q, k with 16 heads, v, gk,
+beta and the outputs with 64). Every input set is larger than the H200's 50 MB
 L2, so one set is timed without rotation. Per row: median time (triton.testing.do_bench: warm-up, then the
 median of >= 20 timed runs) of FLA, kdajit's fused route (what `forward` runs on sm_90a), and the standalone route
 (intra + inverse + recompute), the ratio FLA / fused, the fraction of the HBM floor (minimal traffic:
@@ -28,23 +29,26 @@ from kdajit.keys import ForwardSpec, FusedConfig
 from kdajit.outputs import BETA_TORCH_DTYPES, IO_TORCH_DTYPES
 
 HBM_TBPS = 4.18  # measured copy bandwidth of the H200 (read + write bytes / time)
-ROWS = {  # name: (B, T, H, beta, number of packed sequences or 0 for dense, q/k/v dtype, K = V)
-    "B2-T8192-H64-bf16": (2, 8192, 64, "bf16", 0, "bf16", 128),
-    "B2-T8192-H64-fp32": (2, 8192, 64, "fp32", 0, "bf16", 128),
-    "varlen32-H64": (1, None, 64, "bf16", 32, "bf16", 128),
-    "B1-T8192-H32": (1, 8192, 32, "bf16", 0, "bf16", 128),
-    "B8-T2048-H32": (8, 2048, 32, "bf16", 0, "bf16", 128),
-    "B1-T65536-H8": (1, 65536, 8, "bf16", 0, "bf16", 128),
-    "B2-T8192-H64-fp16": (2, 8192, 64, "fp16", 0, "fp16", 128),
-    "B2-T8192-H64-K64": (2, 8192, 64, "bf16", 0, "bf16", 64),
-    "B2-T8192-H64-K256": (2, 8192, 64, "bf16", 0, "bf16", 256),
+# name: (B, T, H, beta, number of packed sequences or 0 for dense, q/k/v dtype, K = V, group); H counts the
+# value heads (v, gk, beta, the outputs), q and k have H // group (grouped value heads when group > 1).
+ROWS = {
+    "B2-T8192-H64-bf16": (2, 8192, 64, "bf16", 0, "bf16", 128, 1),
+    "B2-T8192-H64-fp32": (2, 8192, 64, "fp32", 0, "bf16", 128, 1),
+    "varlen32-H64": (1, None, 64, "bf16", 32, "bf16", 128, 1),
+    "B1-T8192-H32": (1, 8192, 32, "bf16", 0, "bf16", 128, 1),
+    "B8-T2048-H32": (8, 2048, 32, "bf16", 0, "bf16", 128, 1),
+    "B1-T65536-H8": (1, 65536, 8, "bf16", 0, "bf16", 128, 1),
+    "B2-T8192-H64-fp16": (2, 8192, 64, "fp16", 0, "fp16", 128, 1),
+    "B2-T8192-H64-K64": (2, 8192, 64, "bf16", 0, "bf16", 64, 1),
+    "B2-T8192-H64-K256": (2, 8192, 64, "bf16", 0, "bf16", 256, 1),
+    "B2-T8192-H16-HV64": (2, 8192, 64, "bf16", 0, "bf16", 128, 4),
 }
 MAIN_ROWS = ("B2-T8192-H64-bf16", "B2-T8192-H64-fp32")
-COVERAGE_ROWS = ("B2-T8192-H64-fp16", "B2-T8192-H64-K64", "B2-T8192-H64-K256")
+COVERAGE_ROWS = ("B2-T8192-H64-fp16", "B2-T8192-H64-K64", "B2-T8192-H64-K256", "B2-T8192-H16-HV64")
 
 
-def minimal_bytes(tokens: int, H: int, K: int, V: int, chunk: int, beta_bytes: int) -> int:
-    inputs = tokens * H * (2 * K * 2 + V * 2 + K * 4 + beta_bytes)  # q, k, v 16-bit; gk fp32; beta
+def minimal_bytes(tokens: int, H: int, K: int, V: int, chunk: int, beta_bytes: int, group: int = 1) -> int:
+    inputs = tokens * (H // group) * 2 * K * 2 + tokens * H * (V * 2 + K * 4 + beta_bytes)  # q, k; v, gk, beta
     outputs = tokens * H * (2 * chunk * 2 + 2 * K * 2 + V * 2)  # Aqk, Akk; w, kg; u
     return inputs + outputs
 
@@ -73,7 +77,7 @@ def kernel_breakdown(fn) -> list[tuple[str, float]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
-def make_row_inputs(B, T, H, beta, sequences, io="bf16", K=128):
+def make_row_inputs(B, T, H, beta, sequences, io="bf16", K=128, group=1):
     beta_dtype = BETA_TORCH_DTYPES[beta]
     cu = None
     if sequences:
@@ -81,8 +85,8 @@ def make_row_inputs(B, T, H, beta, sequences, io="bf16", K=128):
         lengths = torch.randint(1, 4097, (sequences,), generator=g)
         cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32).cuda()
         B, T = 1, int(lengths.sum())
-    x = reference.make_inputs(B, T, H, K, K, beta_dtype=beta_dtype, io_dtype=IO_TORCH_DTYPES[io], cu_seqlens=cu,
-                              device="cuda")
+    x = reference.make_inputs(B, T, H // group, K, K, beta_dtype=beta_dtype, io_dtype=IO_TORCH_DTYPES[io],
+                              cu_seqlens=cu, value_heads=H, device="cuda")
     return x, cu, B * T
 
 
@@ -101,8 +105,8 @@ def standalone_route():
 
 
 def run_row(name: str, with_configs: bool) -> dict:
-    B, T, H, beta, sequences, io, K = ROWS[name]
-    x, cu, tokens = make_row_inputs(B, T, H, beta, sequences, io, K)
+    B, T, H, beta, sequences, io, K, group = ROWS[name]
+    x, cu, tokens = make_row_inputs(B, T, H, beta, sequences, io, K, group)
     args = (x["q"], x["k"], x["v"], x["gk"], x["beta"], None, cu, 64, False, True, None)
 
     def fused(config=FusedConfig()):
@@ -111,7 +115,8 @@ def run_row(name: str, with_configs: bool) -> dict:
     def standalone():
         return api._forward(*args)
 
-    r = {"row": name, "B": B, "T": T, "H": H, "K": K, "io": io, "tokens": tokens, "sequences": sequences,
+    r = {"row": name, "B": B, "T": T, "H": H, "qk_heads": H // group, "K": K, "io": io, "tokens": tokens,
+         "sequences": sequences,
          "beta": beta, "gpu": torch.cuda.get_device_name()}
     r["fused_ms"] = bench(fused())
     with standalone_route():
@@ -128,7 +133,7 @@ def run_row(name: str, with_configs: bool) -> dict:
                                               safe_gate=True))
     except ImportError:
         r["fla_ms"] = None
-    nbytes = minimal_bytes(tokens, H, K, K, 64, x["beta"].element_size())
+    nbytes = minimal_bytes(tokens, H, K, K, 64, x["beta"].element_size(), group)
     r["floor_ms"] = nbytes / (HBM_TBPS * 1e12) * 1e3
     r["fused_floor_fraction"] = r["floor_ms"] / r["fused_ms"]
     r["fused_kernels"] = kernel_breakdown(fused())

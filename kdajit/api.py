@@ -109,9 +109,11 @@ def _intra_outputs(out: ForwardOutput | None, problem, like: torch.Tensor) -> tu
     return _output(out, "Aqk", shape, like), _output(out, "Akk", shape, like)
 
 
-def _recompute_outputs(out: ForwardOutput | None, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor | None):
-    qg = _output(out, "qg", q.shape, k) if q is not None else None
-    return _output(out, "w", k.shape, k), _output(out, "u", v.shape, k), _output(out, "kg", k.shape, k), qg
+def _recompute_outputs(out: ForwardOutput | None, gk: torch.Tensor, v: torch.Tensor, like: torch.Tensor,
+                       output_qg: bool):
+    """w, u, kg, qg (None unless `output_qg`): W, KG and QG have gk's shape [B, T, HV, K], U has v's."""
+    qg = _output(out, "qg", gk.shape, like) if output_qg else None
+    return _output(out, "w", gk.shape, like), _output(out, "u", v.shape, like), _output(out, "kg", gk.shape, like), qg
 
 
 # Each kernel's argument names in launch order (kdajit.keys: the same definition its template compiles with).
@@ -161,9 +163,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
             output_qg: bool = False, safe_gate: bool = True, out: ForwardOutput | None = None) -> ForwardOutput:
     """The whole KDA forward intra stage: Aqk, Akk = (I+L)^-1, W, U, KG (and QG if `output_qg`).
 
-    q, k: bf16 or fp16 [B, T, H, K], K in {64, 128, 256}; v: [B, T, H, V] (V == K) in q's dtype; gk:
-    fp32 chunk-local cumulative log2 gate [B, T, H, K]; beta: bf16, fp16 or fp32 [B, T, H]; the
-    outputs have q's dtype; scale defaults to K ** -0.5; cu_seqlens: int32 or
+    q, k: bf16 or fp16 [B, T, H, K], K in {64, 128, 256}; v: [B, T, HV, V] (V == K) in q's dtype; gk:
+    fp32 chunk-local cumulative log2 gate [B, T, HV, K]; beta: bf16, fp16 or fp32 [B, T, HV]. HV = H, or
+    a multiple of H for grouped value heads (value head h uses q, k head h // (HV / H), as FLA). The
+    outputs have q's dtype and HV heads; scale defaults to K ** -0.5; cu_seqlens: int32 or
     int64 [N+1] with B == 1 for packed sequences. On sm_90a one fused kernel computes everything;
     elsewhere (or with KDAJIT_FORWARD_ROUTE=standalone) intra, inverse and recompute run in turn. Both
     routes are bitwise equal to `recompute_w_u(k, v, beta, intra(...)[1], gk, q=...)`. `out`:
@@ -198,7 +201,7 @@ def _forward(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, output_qg, safe_g
     cu = _cu_seqlens_arg(cu_seqlens, q.device)
     q_for_qg = q if output_qg else None
     Aqk, Akk = _intra_outputs(out, problem, q)
-    w, u, kg, qg = _recompute_outputs(out, k, v, q_for_qg)
+    w, u, kg, qg = _recompute_outputs(out, gk, v, q, bool(output_qg))
     if kernels.fused is not None:
         _run_fused(q, k, v, gk, beta, scale, cu, kernels, Aqk, Akk, w, u, kg, qg)
     else:
@@ -272,7 +275,7 @@ def tune(batch: int, tokens: int, heads: int, *, beta_dtype: str = "bf16", varle
 def intra(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor, scale: float | None = None, *,
           cu_seqlens: torch.Tensor | None = None, chunk_size: int = 64,
           safe_gate: bool = True, out: ForwardOutput | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Aqk ([B, T, H, chunk]) and Akk = (I + L)^-1 ([B, T, H, chunk]), in q's dtype; see `forward`.
+    """Aqk ([B, T, HV, chunk]) and Akk = (I + L)^-1 ([B, T, HV, chunk]), in q's dtype; see `forward`.
 
     `out`: optional preallocated outputs (only its Aqk and Akk are used).
     """
@@ -309,7 +312,7 @@ def recompute_w_u(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, Akk: tor
                                               _given_outputs(out, written))
     kernels = _kernels(problem, chunk_size, q is not None, _device_index(k), intra=False, recompute=True)
     cu = _cu_seqlens_arg(cu_seqlens, k.device)
-    w, u, kg, qg = _recompute_outputs(out, k, v, q)
+    w, u, kg, qg = _recompute_outputs(out, gk, v, k, q is not None)
     _run_recompute(k, v, beta, Akk, gk, q, cu, kernels, w, u, kg, qg)
     return w, u, kg, qg
 

@@ -96,22 +96,27 @@ class KernelArg:
     key's io_dtype: bf16 or fp16), "fp32", "int32", "beta" (the key's beta dtype) or "cu" (its
     cu_seqlens dtype). `qg_only`: read or
     written only when the key's output_qg is set; otherwise it has sizes of its own, so the API may
-    pass a small dummy."""
+    pass a small dummy. `qk_heads`: H is the query/key head count (q, k), which grouped value heads
+    let differ from the value head count HV of every other [B, T, H, ...] tensor (HV a multiple of H)."""
 
     name: str
     kind: str
     dtype: str
     last: str = ""
     qg_only: bool = False
+    qk_heads: bool = False
+
+
+_FLAGS = ("qg_only", "qk_heads")
 
 
 def _args(*specs: str) -> tuple[KernelArg, ...]:
-    """KernelArgs from "name:kind:dtype[:last][:qg_only]" words."""
+    """KernelArgs from "name:kind:dtype[:last][:qg_only][:qk_heads]" words."""
     out = []
     for spec in specs:
         name, kind, dtype, *rest = spec.split(":")
-        last = [word for word in rest if word != "qg_only"]
-        out.append(KernelArg(name, kind, dtype, last[0] if last else "", "qg_only" in rest))
+        last = [word for word in rest if word not in _FLAGS]
+        out.append(KernelArg(name, kind, dtype, last[0] if last else "", "qg_only" in rest, "qk_heads" in rest))
     return tuple(out)
 
 
@@ -154,8 +159,8 @@ class IntraKey(_KernelKey):
 
     TEMPLATE: ClassVar[str] = "intra"
     ARGS: ClassVar[tuple[KernelArg, ...]] = _args(
-        "q:bthd:io:head_k", "k:bthd:io:head_k", "gk:bthd:fp32:head_k", "beta:bth:beta", "Aqk:bthd:io:chunk",
-        "L:bthd:fp32:chunk", *_SEQ, "scale:scalar:fp32")
+        "q:bthd:io:head_k:qk_heads", "k:bthd:io:head_k:qk_heads", "gk:bthd:fp32:head_k", "beta:bth:beta",
+        "Aqk:bthd:io:chunk", "L:bthd:fp32:chunk", *_SEQ, "scale:scalar:fp32")
     beta_dtype: str
     varlen: str
     head_k: int
@@ -197,8 +202,8 @@ class RecomputeWUKey(_SpecKey):
 
     TEMPLATE: ClassVar[str] = "recompute_wu"
     ARGS: ClassVar[tuple[KernelArg, ...]] = _args(
-        "k:bthd:io:head_k", "v:bthd:io:head_v", "beta:bth:beta", "Akk:bthd:io:chunk", "gk:bthd:fp32:head_k",
-        "q:bthd:io:head_k:qg_only", *_WU_OUTPUTS, *_SEQ)
+        "k:bthd:io:head_k:qk_heads", "v:bthd:io:head_v", "beta:bth:beta", "Akk:bthd:io:chunk",
+        "gk:bthd:fp32:head_k", "q:bthd:io:head_k:qg_only:qk_heads", *_WU_OUTPUTS, *_SEQ)
     config: KernelConfig = KernelConfig()
     io_dtype: str = "bf16"
 
@@ -209,8 +214,9 @@ class FusedForwardKey(_SpecKey):
 
     TEMPLATE: ClassVar[str] = "fused_forward"
     ARGS: ClassVar[tuple[KernelArg, ...]] = _args(
-        "q:bthd:io:head_k", "k:bthd:io:head_k", "v:bthd:io:head_v", "gk:bthd:fp32:head_k", "beta:bth:beta",
-        "Aqk:bthd:io:chunk", "Akk:bthd:io:chunk", *_WU_OUTPUTS, *_SEQ, "scale:scalar:fp32", "max_ctas:scalar:int32")
+        "q:bthd:io:head_k:qk_heads", "k:bthd:io:head_k:qk_heads", "v:bthd:io:head_v", "gk:bthd:fp32:head_k",
+        "beta:bth:beta", "Aqk:bthd:io:chunk", "Akk:bthd:io:chunk", *_WU_OUTPUTS, *_SEQ, "scale:scalar:fp32",
+        "max_ctas:scalar:int32")
     CONFIG: ClassVar[type] = FusedConfig
     config: FusedConfig = FusedConfig()
     io_dtype: str = "bf16"

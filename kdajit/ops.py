@@ -34,9 +34,9 @@ def forward(q: Tensor, k: Tensor, v: Tensor, gk: Tensor, beta: Tensor, scale: fl
 
 @forward.register_fake
 def _forward_fake(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, output_qg):
-    B, T, H, K = q.shape
-    return [q.new_empty(B, T, H, chunk_size), q.new_empty(B, T, H, chunk_size), k.new_empty(B, T, H, K),
-            v.new_empty(v.shape), k.new_empty(B, T, H, K), q.new_empty(B, T, H, K) if output_qg else q.new_empty(0)]
+    B, T, HV, K = gk.shape  # HV value heads (grouped: a multiple of q's H)
+    return [q.new_empty(B, T, HV, chunk_size), q.new_empty(B, T, HV, chunk_size), q.new_empty(B, T, HV, K),
+            q.new_empty(v.shape), q.new_empty(B, T, HV, K), q.new_empty(B, T, HV, K) if output_qg else q.new_empty(0)]
 
 
 @torch.library.custom_op("kdajit::forward_out", mutates_args=("Aqk", "Akk", "w", "u", "kg", "qg"))
@@ -66,8 +66,8 @@ def intra(q: Tensor, k: Tensor, gk: Tensor, beta: Tensor, scale: float, cu_seqle
 
 @intra.register_fake
 def _intra_fake(q, k, gk, beta, scale, cu_seqlens, chunk_size):
-    B, T, H, _ = q.shape
-    return [q.new_empty(B, T, H, chunk_size), q.new_empty(B, T, H, chunk_size)]
+    B, T, HV, _ = gk.shape
+    return [q.new_empty(B, T, HV, chunk_size), q.new_empty(B, T, HV, chunk_size)]
 
 
 @torch.library.custom_op("kdajit::recompute_w_u", mutates_args=())
@@ -82,5 +82,5 @@ def recompute_w_u(k: Tensor, v: Tensor, beta: Tensor, Akk: Tensor, gk: Tensor, c
 
 @recompute_w_u.register_fake
 def _recompute_fake(k, v, beta, Akk, gk, cu_seqlens, chunk_size, q):
-    return [k.new_empty(k.shape), v.new_empty(v.shape), k.new_empty(k.shape),
-            k.new_empty(k.shape) if q is not None else k.new_empty(0)]
+    return [k.new_empty(gk.shape), k.new_empty(v.shape), k.new_empty(gk.shape),
+            k.new_empty(gk.shape) if q is not None else k.new_empty(0)]

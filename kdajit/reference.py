@@ -137,8 +137,9 @@ def forward_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: tor
     """Evaluate the boundary's formulas exactly in `dtype` (see the module docstring).
 
     Args:
-        q, k: [B, T, H, K]; v: [B, T, H, V]; gk: [B, T, H, K] chunk-local cumulative log2 gate;
-            beta: [B, T, H]. Any dtype and device (CPU or CUDA); values are converted to `dtype`.
+        q, k: [B, T, H, K]; v: [B, T, HV, V]; gk: [B, T, HV, K] chunk-local cumulative log2 gate;
+            beta: [B, T, HV]. HV = H, or a multiple of H (grouped value heads: value head h uses q, k
+            head h // (HV / H)). Any dtype and device (CPU or CUDA); values are converted to `dtype`.
         scale: defaults to K ** -0.5.
         cu_seqlens: optional int32/int64 [N+1]; B must be 1 and chunks restart at every sequence.
         chunk_size: rows per chunk.
@@ -151,16 +152,20 @@ def forward_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: tor
     """
     if dtype not in (torch.float64, torch.float32):
         raise ValueError(f"dtype must be torch.float64 or torch.float32, got {dtype}")
-    if q.dim() != 4 or k.shape != q.shape or gk.shape != q.shape:
-        raise ValueError(f"q, k, gk must share one [B, T, H, K] shape, got q={list(q.shape)}, "
-                         f"k={list(k.shape)}, gk={list(gk.shape)}")
-    batch, tokens, heads, head_k = q.shape
-    if v.dim() != 4 or v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"v must be [B, T, H, V] = [{batch}, {tokens}, {heads}, V], got {list(v.shape)}")
-    if beta.shape != q.shape[:3]:
-        raise ValueError(f"beta must be [B, T, H] = {list(q.shape[:3])}, got {list(beta.shape)}")
+    grouped = q.dim() == 4 and gk.dim() == 4 and (
+        gk.shape[2] == q.shape[2] or (q.shape[2] > 0 and gk.shape[2] % q.shape[2] == 0))
+    if k.shape != q.shape or not grouped or (gk.shape[:2], gk.shape[3]) != (q.shape[:2], q.shape[3]):
+        raise ValueError(f"q, k must share one [B, T, H, K] shape and gk be [B, T, HV, K] with HV a multiple of H, "
+                         f"got q={list(q.shape)}, k={list(k.shape)}, gk={list(gk.shape)}")
+    batch, tokens, heads, head_k = gk.shape
+    if v.dim() != 4 or v.shape[:3] != gk.shape[:3]:
+        raise ValueError(f"v must be [B, T, HV, V] = [{batch}, {tokens}, {heads}, V], got {list(v.shape)}")
+    if beta.shape != gk.shape[:3]:
+        raise ValueError(f"beta must be [B, T, HV] = {list(gk.shape[:3])}, got {list(beta.shape)}")
     if scale is None:
         scale = head_k ** -0.5
+    if heads != q.shape[2]:
+        q, k = (x.repeat_interleave(heads // q.shape[2], dim=2) for x in (q, k))
     q, k, v, g, beta = (x.to(dtype) for x in (q, k, v, gk, beta))
 
     bounds = _sequence_bounds(cu_seqlens, batch, tokens)
@@ -207,32 +212,33 @@ def chunk_local_cumsum(g: torch.Tensor, chunk_size: int = 64, *, cu_seqlens: tor
 
 def make_inputs(B: int, T: int, H: int, K: int = 128, V: int = 128, *, beta_dtype: torch.dtype = torch.bfloat16,
                 io_dtype: torch.dtype = torch.bfloat16, cu_seqlens: torch.Tensor | None = None,
-                lower_bound: float = -5.0,
+                lower_bound: float = -5.0, value_heads: int | None = None,
                 device: str | torch.device = "cpu", generator: torch.Generator | None = None,
                 chunk_size: int = 64) -> dict[str, torch.Tensor]:
     """Realistic KDA forward inputs with the lower-bound ("safe") gate; all contiguous, on `device`.
 
-    Returns a dict with
-        q, k: [B, T, H, K] in `io_dtype`, L2-normalised over K;  v: [B, T, H, V] `io_dtype` standard normal;
-        g_raw: [B, T, H, K] fp32 per-token natural-log gates lower_bound * sigmoid(randn), in
+    Returns a dict with (HV = `value_heads`, default H; a multiple of H gives grouped value heads)
+        q, k: [B, T, H, K] in `io_dtype`, L2-normalised over K;  v: [B, T, HV, V] `io_dtype` standard normal;
+        g_raw: [B, T, HV, K] fp32 per-token natural-log gates lower_bound * sigmoid(randn), in
             [lower_bound, 0);
-        gk: [B, T, H, K] fp32, chunk-local cumsum of g_raw (restarting at every chunk and sequence
+        gk: [B, T, HV, K] fp32, chunk-local cumsum of g_raw (restarting at every chunk and sequence
             start) times 1/ln 2, summed in fp32;
-        beta: [B, T, H] sigmoid(randn) in `beta_dtype`;
+        beta: [B, T, HV] sigmoid(randn) in `beta_dtype`;
         cu_seqlens (only when given).
     Random draws come from `generator` (a CPU generator) so a seed reproduces the inputs on any device.
     """
     if cu_seqlens is not None:
         _sequence_bounds(cu_seqlens, B, T)
+    HV = H if value_heads is None else value_heads
 
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=generator, dtype=torch.float32)
 
     q = F.normalize(randn(B, T, H, K), dim=-1).to(io_dtype)
     k = F.normalize(randn(B, T, H, K), dim=-1).to(io_dtype)
-    v = randn(B, T, H, V).to(io_dtype)
-    g_raw = lower_bound * torch.sigmoid(randn(B, T, H, K))
-    beta = torch.sigmoid(randn(B, T, H)).to(beta_dtype)
+    v = randn(B, T, HV, V).to(io_dtype)
+    g_raw = lower_bound * torch.sigmoid(randn(B, T, HV, K))
+    beta = torch.sigmoid(randn(B, T, HV)).to(beta_dtype)
     gk = chunk_local_cumsum(g_raw, chunk_size, cu_seqlens=cu_seqlens, scale=RCP_LN2)
     out = {"q": q, "k": k, "v": v, "gk": gk, "beta": beta, "g_raw": g_raw}
     out = {name: x.to(device).contiguous() for name, x in out.items()}

@@ -38,13 +38,14 @@ class Problem:
 
     batch: int
     tokens: int
-    heads: int
+    heads: int  # HV: value heads (v, gk, beta, every output; the kernels' grid)
     head_k: int
     head_v: int
     chunk: int
     beta_dtype: str
     varlen: str
     io_dtype: str  # q, k, v and every output: kdajit.keys.IO_DTYPES
+    qk_heads: int  # H: query / key heads; HV is a multiple of it (grouped value heads when HV > H)
 
 
 def _tensor(name: str, t: object) -> torch.Tensor:
@@ -128,6 +129,17 @@ def _check_grid(ref_name: str, batch: int, tokens: int, heads: int) -> None:
             index = "BTH".index(dim)
             raise ValueError(f"{dim}={size} ({ref_name}.shape[{index}]) exceeds the CUDA grid limit: {dim} is grid "
                              f"{axis}, at most {_MAX_GRID_YZ}")
+
+
+def _value_heads(gk: torch.Tensor, batch: int, tokens: int, qk_heads: int, head_k: int, ref_name: str) -> int:
+    """HV from gk [B, T, HV, K]: a multiple of the q / k head count H (FLA's grouped value heads)."""
+    shape = tuple(gk.shape)
+    heads = shape[2] if gk.dim() == 4 else -1
+    grouped = heads == qk_heads or (qk_heads > 0 and heads > 0 and heads % qk_heads == 0)
+    if gk.dim() != 4 or (shape[0], shape[1], shape[3]) != (batch, tokens, head_k) or not grouped:
+        raise ValueError(f"gk must have shape [B, T, HV, K] = [{batch}, {tokens}, HV, {head_k}] with HV a multiple "
+                         f"of H={qk_heads} ({ref_name}.shape[2]; HV > H for grouped value heads), got {list(shape)}")
+    return heads
 
 
 def check_safe_gate(safe_gate: object) -> None:
@@ -228,25 +240,26 @@ def check_forward_inputs(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tenso
     _dtype(ref_name, ref, tuple(_IO_DTYPES))
     if ref.dim() != 4:
         raise ValueError(f"{ref_name} must be 4-D [B, T, H, K], got shape {list(ref.shape)}")
-    batch, tokens, heads, head_k = ref.shape
-    _check_grid(ref_name, batch, tokens, heads)
+    batch, tokens, qk_heads, head_k = ref.shape
+    _check_grid(ref_name, batch, tokens, qk_heads)
     _choice(f"K ({ref_name}.shape[-1])", head_k, HEAD_DIMS)
     _check_chunk_size(chunk_size)
     gk = _tensor("gk", gk)
     beta = _tensor("beta", beta)
     _same_dtype("k", k, ref_name, ref)
-    _shape("k", k, (batch, tokens, heads, head_k), f"same as {ref_name}")
+    _shape("k", k, (batch, tokens, qk_heads, head_k), f"same as {ref_name}")
     _dtype("gk", gk, (torch.float32,))
-    _shape("gk", gk, (batch, tokens, heads, head_k), f"same as {ref_name}")
+    heads = _value_heads(gk, batch, tokens, qk_heads, head_k, ref_name)
+    _check_grid("gk", batch, tokens, heads)
     _dtype("beta", beta, tuple(_BETA_DTYPES))
-    _shape("beta", beta, (batch, tokens, heads), "[B, T, H]")
+    _shape("beta", beta, (batch, tokens, heads), "[B, T, HV], HV = gk.shape[2]")
     head_v = head_k
     if v is not None:
         v = _tensor("v", v)
         _same_dtype("v", v, ref_name, ref)
         if v.dim() != 4 or tuple(v.shape[:3]) != (batch, tokens, heads):
-            raise ValueError(f"v must have shape [B, T, H, V] = [{batch}, {tokens}, {heads}, V], got "
-                             f"{list(v.shape)}")
+            raise ValueError(f"v must have shape [B, T, HV, V] = [{batch}, {tokens}, {heads}, V] (HV = gk.shape[2]), "
+                             f"got {list(v.shape)}")
         head_v = v.shape[3]
         _choice("V (v.shape[-1])", head_v, HEAD_DIMS)
         if head_v != head_k:
@@ -259,7 +272,7 @@ def check_forward_inputs(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tenso
     if cu_seqlens is not None:
         varlen = _check_cu_seqlens(_tensor("cu_seqlens", cu_seqlens), batch, tokens, chunk_size)
     problem = Problem(batch, tokens, heads, head_k, head_v, chunk_size, _BETA_DTYPES[beta.dtype], varlen,
-                      _IO_DTYPES[ref.dtype])
+                      _IO_DTYPES[ref.dtype], qk_heads)
     inputs = {ref_name: ref, "k": k, "v": v, "gk": gk, "beta": beta, "cu_seqlens": cu_seqlens, **more_tensors}
     outputs = outputs or {}
     _check_outputs(outputs, problem, inputs)
@@ -278,7 +291,7 @@ def check_recompute_inputs(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor,
     else:
         _dtype("Akk", Akk, tuple(_IO_DTYPES))
     if isinstance(ref, torch.Tensor) and ref.dim() == 4:
-        expected = (*ref.shape[:3], chunk_size)
-        _shape("Akk", Akk, expected, "[B, T, H, chunk_size]")
+        heads = gk.shape[2] if isinstance(gk, torch.Tensor) and gk.dim() == 4 else ref.shape[2]
+        _shape("Akk", Akk, (*ref.shape[:2], heads, chunk_size), "[B, T, HV, chunk_size], HV = gk.shape[2]")
     _layout("Akk", Akk)
     return check_forward_inputs(q, k, v, gk, beta, cu_seqlens, chunk_size, outputs, Akk=Akk)

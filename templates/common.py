@@ -4,9 +4,10 @@ Kernels work on (chunk, head) tiles, one per CTA (the fused kernel's persistent 
 tiles, several per CTA). The tile grid and the tile -> rows mapping are the same for all templates,
 so a chunk is always the same rows whichever kernel handles it:
 
-- dense (equal-length batch): grid = (ceil(T / C), H, B); tile (c, h, b) covers rows
-  [C*c, min(C*c + C, T)) of batch b.
-- varlen (B == 1, packed with cu_seqlens): grid = (T // C + N, H, 1). Sequence s owns the tiles
+- dense (equal-length batch): grid = (ceil(T / C), HV, B); tile (c, h, b) covers rows
+  [C*c, min(C*c + C, T)) of batch b, value head h (grouped value heads: q and k of head
+  h // (HV / H), `qk_head`).
+- varlen (B == 1, packed with cu_seqlens): grid = (T // C + N, HV, 1). Sequence s owns the tiles
   x = first(s) + c, c = 0 .. ceil(len_s / C) - 1, with first(s) = cu_seqlens[s] // C + s. For sorted
   cu_seqlens first(s + 1) - first(s) = cu[s+1] // C - cu[s] // C + 1 >= ceil(len_s / C), so the tiles
   of different sequences never meet, and first(N - 1) + ceil(len_{N-1} / C) <= T // C + N fits the
@@ -33,12 +34,14 @@ class SymbolicShapes:
     def __init__(self) -> None:
         self.batch = cute.sym_int()
         self.tokens = cute.sym_int()
-        self.heads = cute.sym_int()
+        self.heads = cute.sym_int()     # HV: value heads (v, gk, beta and every output)
+        self.qk_heads = cute.sym_int()  # H: query / key heads (q, k), HV a multiple of H
         self.seq_bound = cute.sym_int()  # N + 1 in varlen mode; unconstrained (a dummy) when dense
 
-    def bthd(self, dtype, last: int):
-        """A contiguous [B, T, H, last] tensor."""
-        return make_fake_compact_tensor(dtype, (self.batch, self.tokens, self.heads, last),
+    def bthd(self, dtype, last: int, qk_heads: bool = False):
+        """A contiguous [B, T, H, last] tensor (H the q/k head count when `qk_heads`, else HV)."""
+        heads = self.qk_heads if qk_heads else self.heads
+        return make_fake_compact_tensor(dtype, (self.batch, self.tokens, heads, last),
                                         stride_order=(3, 2, 1, 0), assumed_align=ALIGN_BY_KIND["bthd"])
 
     def bth(self, dtype):
@@ -64,7 +67,7 @@ def fake_arguments(key) -> tuple:
     for arg in key.ARGS:
         dtype = dtypes[arg.dtype]
         if arg.kind == "bthd":
-            fakes.append((qg_shapes if arg.qg_only else shapes).bthd(dtype, getattr(key, arg.last)))
+            fakes.append((qg_shapes if arg.qg_only else shapes).bthd(dtype, getattr(key, arg.last), arg.qk_heads))
         elif arg.kind == "bth":
             fakes.append(shapes.bth(dtype))
         elif arg.kind == "seq":
@@ -79,12 +82,19 @@ def make_struct(name: str, fields: list):
     return cute.struct(type(name, (), {"__annotations__": dict(fields)}))
 
 
-def grid_shape(mQ: cute.Tensor, mCuSeqlens: cute.Tensor, chunk: int, varlen: bool):
-    """Launch grid for one CTA per (chunk, head); see the module docstring."""
+def grid_shape(mG: cute.Tensor, mCuSeqlens: cute.Tensor, chunk: int, varlen: bool):
+    """Launch grid for one CTA per (chunk, value head); see the module docstring. `mG`: any [B, T, HV, D]
+    tensor (gk)."""
     if cutlass.const_expr(varlen):
         n_seqs = mCuSeqlens.shape[0] - 1
-        return (mQ.shape[1] // chunk + n_seqs, mQ.shape[2], 1)
-    return ((mQ.shape[1] + chunk - 1) // chunk, mQ.shape[2], mQ.shape[0])
+        return (mG.shape[1] // chunk + n_seqs, mG.shape[2], 1)
+    return ((mG.shape[1] + chunk - 1) // chunk, mG.shape[2], mG.shape[0])
+
+
+def qk_head(head, mQK: cute.Tensor, mG: cute.Tensor):
+    """The q / k head that value head `head` reads: head // (HV / H), FLA's grouping (HV = mG.shape[2]
+    value heads, H = mQK.shape[2] query / key heads, HV a multiple of H; the API checks it)."""
+    return head // (mG.shape[2] // mQK.shape[2])
 
 
 @cute.jit

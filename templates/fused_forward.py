@@ -21,7 +21,9 @@ The standalone recompute reads the rounded Akk that step 3 stores; here the same
 shared memory, so the A operand is bit-identical. Rows >= v hold values (clamped or unwritten) that are
 replaced by zero with a select or never stored, exactly as in the standalone kernels.
 
-Every 16-bit tensor (q, k, v, Akk and the outputs) has the key's io dtype, bf16 or fp16.
+Every 16-bit tensor (q, k, v, Akk and the outputs) has the key's io dtype, bf16 or fp16. Grouped value
+heads: tiles are (chunk, value head h) of the HV heads of v, gk, beta and the outputs; q and k are read
+at head h // (HV / H), as in the standalone kernels.
 
 Shared memory (`fused_smem_struct`, K = V = 128, chunk 64): work region 28,672 B (L fp32 16 KiB, X00
 fp32 4 KiB, Akk 8 KiB; after the inverse the same bytes hold the swizzled Akk A tile 8 KiB and Kp
@@ -52,7 +54,8 @@ import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
 from kdajit.keys import FUSED_ARCHS, HEAD_DIMS, LOADS_AHEAD, RASTER_ORDERS, VARLEN_MODES, FusedForwardKey
-from kdajit.templates.common import DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape, make_struct
+from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
+                                    make_struct, qk_head)
 from kdajit.templates.tile_intra import (beta_row, intra_tile, load_rows, make_intra_mma, make_row_copy,
                                          padded_pitch, padded_tile_layout)
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_layout, make_akk_store_copy,
@@ -154,7 +157,7 @@ class FusedForward:
                  scale: cutlass.Float32, max_ctas: cutlass.Int32,
                  stream: cuda.CUstream):
         f32 = cutlass.Float32
-        tiles = grid_shape(mQ, mCuSeqlens, self.chunk, self.varlen)
+        tiles = grid_shape(mGk, mCuSeqlens, self.chunk, self.varlen)
         grid = tiles
         if cutlass.const_expr(self.config.persistent):
             grid = (min(tiles[0] * tiles[1] * tiles[2], max_ctas), 1, 1)
@@ -209,7 +212,7 @@ class FusedForward:
         if cutlass.const_expr(self.config.persistent):
             bidx, _, _ = cute.arch.block_idx()
             gdim, _, _ = cute.arch.grid_dim()
-            tiles = tiles_x * mQ.shape[2] * mQ.shape[0]  # varlen: B == 1
+            tiles = tiles_x * mG.shape[2] * mG.shape[0]  # varlen: B == 1
             tile = cutlass.Int32(bidx)
             valid, batch, head, row0, rows = self.tile_at(tensors, tile, tiles, tiles_x)
             if cutlass.const_expr(self.config.loads_ahead == 0):
@@ -244,16 +247,16 @@ class FusedForward:
                 tiles_x: cutlass.Int32):
         """(valid, batch, head, row0, rows) of persistent tile index `tile` in the configured raster
         order (which of chunk x and head varies fastest); not valid when tile >= tiles."""
-        mQ, mCuSeqlens = tensors[0], tensors[11]
-        heads = mQ.shape[2]
+        mG, mCuSeqlens = tensors[3], tensors[11]
+        heads = mG.shape[2]
         x = tile % tiles_x
         head = (tile // tiles_x) % heads
         if cutlass.const_expr(self.config.raster == "head"):
             head = tile % heads
             x = (tile // heads) % tiles_x
         z = tile // (tiles_x * heads)
-        valid, batch, row0, rows = chunk_coords(mCuSeqlens, mQ.shape[1], self.chunk, self.varlen,
-                                                (x, min(z, mQ.shape[0] - 1)))
+        valid, batch, row0, rows = chunk_coords(mCuSeqlens, mG.shape[1], self.chunk, self.varlen,
+                                                (x, min(z, mG.shape[0] - 1)))
         if tile >= tiles:
             valid = cutlass.Boolean(False)
         return valid, batch, head, row0, rows
@@ -272,9 +275,11 @@ class FusedForward:
         cTile = cute.make_identity_tensor((self.chunk, self.head_k))
         loads = cutlass.const_expr("loads" in self.phases)
         if cutlass.const_expr(loads and parts != "rest"):
-            load_rows(copy_qk, chunk_rows(mQ, batch, head, row0, self.chunk), sQ, cTile, tidx, rows)
+            load_rows(copy_qk, chunk_rows(mQ, batch, qk_head(head, mQ, mG), row0, self.chunk), sQ, cTile, tidx,
+                      rows)
         if cutlass.const_expr(loads and parts != "q"):
-            load_rows(copy_qk, chunk_rows(mK, batch, head, row0, self.chunk), sK, cTile, tidx, rows)
+            load_rows(copy_qk, chunk_rows(mK, batch, qk_head(head, mK, mG), row0, self.chunk), sK, cTile, tidx,
+                      rows)
             load_rows(copy_g, chunk_rows(mG, batch, head, row0, self.chunk), sG, cTile, tidx, rows)
         cute.arch.cp_async_commit_group()
         if cutlass.const_expr(loads and parts != "q"):

@@ -49,7 +49,9 @@ Code: the per-tile arithmetic (loads, block products, epilogue, block stores) is
 templates/tile_intra.py, shared with the fused kernel; this file holds the standalone launch only.
 
 Constraints: head_k in keys.HEAD_DIMS, chunk = 64, 4 warps. Contiguous [B, T, H, D] tensors; varlen packs
-sequences on T with B = 1 (see templates/common.py for the grid and the chunk mapping).
+sequences on T with B = 1 (see templates/common.py for the grid and the chunk mapping). Grouped value
+heads: gk, beta and the outputs have HV heads, q and k H (HV a multiple of H); value head h reads q, k
+of head h // (HV / H).
 """
 from __future__ import annotations
 
@@ -59,7 +61,8 @@ import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
 from kdajit.keys import ARCHS, HEAD_DIMS, VARLEN_MODES, IntraKey
-from kdajit.templates.common import DTYPES, IO_TYPES, chunk_coords, fake_arguments, grid_shape, make_struct
+from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
+                                    make_struct, qk_head)
 from kdajit.templates.tile_intra import (NUM_WARPS, intra_tile, load_beta, load_rows, make_intra_mma,
                                          make_row_copy, padded_pitch, padded_tile_layout)
 
@@ -109,7 +112,7 @@ class KdaIntra:
         copy_qk = make_row_copy(self.io, self.head_k, self.num_threads)
         copy_g = make_row_copy(cutlass.Float32, self.head_k, self.num_threads)
         self.kernel(mQ, mK, mGk, mBeta, mAqk, mL, mCuSeqlens, scale, tiled_mma, copy_qk,
-                    copy_g).launch(grid=grid_shape(mQ, mCuSeqlens, self.chunk, self.varlen),
+                    copy_g).launch(grid=grid_shape(mGk, mCuSeqlens, self.chunk, self.varlen),
                                    block=(self.num_threads, 1, 1), stream=stream)
 
     @cute.kernel
@@ -133,9 +136,9 @@ class KdaIntra:
 
         if is_valid:
             tile = (self.chunk, self.head_k)
-            gQ = cute.local_tile(cute.domain_offset((row0, 0), mQ[batch, None, head, None]), tile, (0, 0))
-            gK = cute.local_tile(cute.domain_offset((row0, 0), mK[batch, None, head, None]), tile, (0, 0))
-            gG = cute.local_tile(cute.domain_offset((row0, 0), mG[batch, None, head, None]), tile, (0, 0))
+            gQ = chunk_rows(mQ, batch, qk_head(head, mQ, mG), row0, self.chunk)
+            gK = chunk_rows(mK, batch, qk_head(head, mK, mG), row0, self.chunk)
+            gG = chunk_rows(mG, batch, head, row0, self.chunk)
             cTile = cute.make_identity_tensor(tile)
             load_rows(copy_qk, gQ, sQ, cTile, tidx, valid_rows)
             load_rows(copy_qk, gK, sK, cTile, tidx, valid_rows)
@@ -145,8 +148,5 @@ class KdaIntra:
             cute.arch.cp_async_wait_group(0)
             cute.arch.sync_threads()
 
-            out_tile = (self.chunk, self.chunk)
-            gAqk = cute.local_tile(cute.domain_offset((row0, 0), mAqk[batch, None, head, None]), out_tile,
-                                   (0, 0))
-            gL = cute.local_tile(cute.domain_offset((row0, 0), mL[batch, None, head, None]), out_tile, (0, 0))
-            intra_tile(tiled_mma, sQ, sK, sG, sBeta, gAqk, gL, warp_idx, lane, valid_rows, scale)
+            intra_tile(tiled_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, self.chunk),
+                       chunk_rows(mL, batch, head, row0, self.chunk), warp_idx, lane, valid_rows, scale)

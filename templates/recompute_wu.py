@@ -35,7 +35,8 @@ the standalone launch and the global-memory loads.
 
 Constraints: K = V in keys.HEAD_DIMS, chunk = 64, 4 warps. Shared memory at K = 128: 40,960 bytes
 (Akk 8 KiB, Kp and Vp 16 KiB each; the W / U staging tiles reuse Kp / Vp). No atomics, fixed arithmetic
-order: a chunk gives the same bits in dense and varlen mode and in any batch.
+order: a chunk gives the same bits in dense and varlen mode and in any batch. Grouped value heads: the
+grid walks the HV value heads; k (and q) are read at head h // (HV / H).
 """
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
 from kdajit.keys import ARCHS, HEAD_DIMS, VARLEN_MODES, RecomputeWUKey
-from kdajit.templates.common import DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape, make_struct
+from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
+                                    make_struct, qk_head)
 from kdajit.templates.tile_recompute import (NUM_WARPS, VEC, RecomputeLayouts, gate_row,
                                              make_recompute_mma, products_w_u, row_fragments,
                                              store_akk)
@@ -103,7 +105,7 @@ class RecomputeWU:
         self.kernel(mK, mV, mBeta, mAkk, mGk, mQ, mW, mU, mKG, mQG, mCuSeqlens,
                     make_recompute_mma(self.chunk, self.num_threads, self.io), layouts.akk, layouts.kp,
                     layouts.vp, layouts.out_w, layouts.out_u).launch(
-            grid=grid_shape(mK, mCuSeqlens, self.chunk, self.varlen),
+            grid=grid_shape(mGk, mCuSeqlens, self.chunk, self.varlen),
             block=(self.num_threads, 1, 1),
             stream=stream)
 
@@ -140,7 +142,7 @@ class RecomputeWU:
             if cutlass.const_expr(self.output_qg):
                 dQG = chunk_rows(mQG, batch, head, row0, C)
             self.stage_operands(mK, mV, mBeta, mAkk, mG, mQ, dKG, dQG, sA, sKp, sVp, batch, head,
-                                row0, valid_rows, tidx, ld_io, ld_f32, ld_beta)
+                                qk_head(head, mK, mG), row0, valid_rows, tidx, ld_io, ld_f32, ld_beta)
             cute.arch.sync_threads()
 
             # W = Akk @ Kp, then U = Akk @ Vp; the Akk fragments are loaded once for both.
@@ -172,10 +174,11 @@ class RecomputeWU:
     def stage_operands(self, mK: cute.Tensor, mV: cute.Tensor, mBeta: cute.Tensor,
                        mAkk: cute.Tensor, mG: cute.Tensor, mQ: cute.Tensor, dKG: cute.Tensor,
                        dQG: cute.Tensor, sA: cute.Tensor, sKp: cute.Tensor, sVp: cute.Tensor,
-                       batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
+                       batch: cutlass.Int32, head: cutlass.Int32, head_qk: cutlass.Int32, row0: cutlass.Int32,
                        valid_rows: cutlass.Int32, tidx: cutlass.Int32, ld_io: cute.CopyAtom,
                        ld_f32: cute.CopyAtom, ld_beta: cute.CopyAtom):
-        """Akk -> sA; Kp, Vp -> sKp, sVp (B-operand layout (d, j)); KG, QG -> dKG, dQG (global).
+        """Akk -> sA; Kp, Vp -> sKp, sVp (B-operand layout (d, j)); KG, QG -> dKG, dQG (global). k and q
+        are read at head `head_qk` (grouped value heads), everything else at `head`.
 
         Thread t owns columns 8 * (t % 16) .. +7 of rows t // 16 + 8p, p = 0..7. The 8 row passes
         run in groups of 2; the loads of group n + 1 are issued before group n is computed and
@@ -203,7 +206,7 @@ class RecomputeWU:
             if cutlass.const_expr(n < num_passes // group):
                 for p in cutlass.range_constexpr(n * group, (n + 1) * group):
                     src_row = row0 + min(tidx // col_tiles + p * rows_per_pass, valid_rows - 1)
-                    cute.copy(ld_io, cute.local_tile(mK[batch, src_row, head, None], (VEC,),
+                    cute.copy(ld_io, cute.local_tile(mK[batch, src_row, head_qk, None], (VEC,),
                                                        (col_tile,)), rK[p, None])
                     cute.copy(ld_f32, cute.local_tile(mG[batch, src_row, head, None], (VEC,),
                                                       (col_tile,)), rG[p, None])
@@ -212,7 +215,7 @@ class RecomputeWU:
                     cute.copy(ld_beta, cute.local_tile(mBeta[batch, None, head], (1,), (src_row,)),
                               rBeta[p, None])
                     if cutlass.const_expr(self.output_qg):
-                        cute.copy(ld_io, cute.local_tile(mQ[batch, src_row, head, None], (VEC,),
+                        cute.copy(ld_io, cute.local_tile(mQ[batch, src_row, head_qk, None], (VEC,),
                                                            (col_tile,)), rQ[p, None])
             if cutlass.const_expr(n == 0):
                 store_akk(rA, sA, valid_rows, tidx, self.num_threads)

@@ -257,7 +257,7 @@ def fake_disk(monkeypatch, tmp_path):
 def _problem():
     from kdajit.validate import Problem
 
-    return Problem(1, 64, 1, 128, 128, 64, "bf16", "dense", "bf16")
+    return Problem(1, 64, 1, 128, 128, 64, "bf16", "dense", "bf16", 1)
 
 
 def test_one_table_fetches_only_what_a_call_runs_and_counts_steady_state_hits(fake_disk):

@@ -66,14 +66,27 @@ def test_accepts_every_covered_dtype_and_head_size(any_device, dtype, head_dim):
                                                fla_version=VERSION) is None
 
 
+def test_accepts_grouped_value_heads(any_device):
+    """FLA's grouped value heads (v, gk, beta with HV = 2H heads, q and k with H): both entry points take them."""
+    x = reference.make_inputs(1, 130, 2, value_heads=4, generator=torch.Generator().manual_seed(0))
+    assert intra_reason(x) is None
+    akk = torch.zeros(1, 130, 4, 64, dtype=torch.bfloat16)
+    assert kdajit_fla.recompute_decline_reason(x["k"], x["v"], x["beta"], akk, x["gk"], q=x["q"],
+                                               fla_version=VERSION) is None
+    assert "Akk must have shape [1, 130, 4, 64]" in kdajit_fla.recompute_decline_reason(
+        x["k"], x["v"], x["beta"], akk[:, :, :2].contiguous(), x["gk"], fla_version=VERSION)
+
+
 def test_declines_other_inputs(inputs, any_device):
     x = dict(inputs)
     assert "float16" in intra_reason({**x, "q": x["q"].half()})  # q fp16, k bf16
     assert "float32" in intra_reason({**x, **{n: x[n].float() for n in ("q", "k", "v")}})
     assert "K" in intra_reason({**x, **{n: x[n][..., :96].contiguous() for n in ("q", "k", "gk")}})
     assert "V == K" in intra_reason({**x, "v": x["v"][..., :64].contiguous()})
-    grouped = {**x, "v": x["v"].repeat(1, 1, 2, 1), "gk": x["gk"].repeat(1, 1, 2, 1), "beta": x["beta"].repeat(1, 1, 2)}
-    assert "grouped value heads" in intra_reason(grouped)
+    # HV = 3 value heads cannot group the 2 query / key heads
+    ungroupable = {**x, "v": x["v"][:, :, :1].repeat(1, 1, 3, 1), "gk": x["gk"][:, :, :1].repeat(1, 1, 3, 1),
+                   "beta": x["beta"][:, :, :1].repeat(1, 1, 3)}
+    assert "multiple of H=2" in intra_reason(ungroupable)
     batch2 = {n: torch.cat([x[n], x[n]]) for n in ("q", "k", "v", "gk", "beta")}
     assert "batch size must be 1" in intra_reason(batch2, cu_seqlens=torch.tensor([0, 130], dtype=torch.int32))
 

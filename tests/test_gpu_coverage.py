@@ -7,6 +7,8 @@ dtype, error against the fp64 reference within the accuracy rule and the exact s
 above the diagonal, Akk unit lower triangular), the fused kernel (reference and a persistent
 configuration) bitwise equal to the standalone route, causal bits (appending tokens keeps earlier
 rows), and each output's error at most FLA's on the same inputs times docs/contract.md's factor.
+Grouped value heads (q, k with H heads; v, gk, beta and the outputs with HV = group * H) keep the same
+promises and give the bits of the ungrouped call on q, k with each head repeated `group` times.
 """
 import pytest
 import torch
@@ -77,3 +79,44 @@ def test_appending_tokens_keeps_earlier_rows(seed, io, K, offset):
 def test_accuracy_within_contract_factor_of_fla(seed, io, K, varlen):
     fla_intra = fla_intra_or_skip()
     assert_within_fla_factor(fla_intra, *accuracy_case(io, varlen, io, K), what=f"{io} K={K}:")
+
+
+# (io dtype, K = V, H, group): grouped value heads, HV = group * H.
+GROUPED = [("bf16", 128, 2, 2), ("fp16", 64, 1, 4)]
+GROUPED_IDS = [f"{io}-K{K}-H{H}-HV{H * group}" for io, K, H, group in GROUPED]
+
+
+def grouped_inputs(io, K, H, group, varlen):
+    dtype = IO_TORCH_DTYPES[io]
+    dtypes = dict(beta_dtype=dtype, io_dtype=dtype, value_heads=H * group, device="cuda")
+    if varlen:
+        cu = torch.tensor([0] + VARLEN_LENGTHS, device="cuda").cumsum(0).to(torch.int32)
+        return reference.make_inputs(1, sum(VARLEN_LENGTHS), H, K, K, cu_seqlens=cu, **dtypes), cu
+    return reference.make_inputs(2, 300, H, K, K, **dtypes), None
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+@pytest.mark.parametrize("io, K, H, group", GROUPED, ids=GROUPED_IDS)
+def test_grouped_value_heads(seed, io, K, H, group, varlen):
+    x, cu = grouped_inputs(io, K, H, group, varlen)
+    out = run(x, cu)
+    assert out.Aqk.shape[2] == out.w.shape[2] == H * group
+    ref = reference.forward_reference(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=True)
+    assert_fp64_accuracy_and_exact_structure(x, cu, out, ref)
+    repeated = {**x, **{n: x[n].repeat_interleave(group, dim=2).contiguous() for n in ("q", "k")}}
+    assert_bitwise(out, run(repeated, cu), f"grouped ({H} q/k heads, {H * group} value heads) vs the same call "
+                                            f"with q and k repeated per value head")
+    if _arch_has_fused():
+        expected = standalone(x, cu, True)
+        for config in (FusedConfig(), PERSISTENT):
+            assert_bitwise(expected, fused(x, cu, True, config), f"grouped: {config.slug()} vs the standalone route")
+
+
+@pytest.mark.parametrize("io, K, H, group", GROUPED, ids=GROUPED_IDS)
+def test_grouped_accuracy_within_contract_factor_of_fla(seed, io, K, H, group):
+    """FLA's `chunk_kda_fwd_intra` takes grouped value heads too: the same inputs, its error, ours."""
+    fla_intra = fla_intra_or_skip()
+    x, cu = grouped_inputs(io, K, H, group, False)
+    out = run(x, cu)
+    ref = reference.forward_reference(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=True)
+    assert_within_fla_factor(fla_intra, x, cu, out, ref, what=f"grouped {io} K={K} H={H} HV={H * group}:")

@@ -43,7 +43,7 @@ def poisoned_out(B, T, H, K=128, V=128, chunk=64, qg=True, dtype=torch.bfloat16)
 
 
 def run(x, cu=None, output_qg=True):
-    B, T, H, K = x["q"].shape
+    B, T, H, K = x["gk"].shape  # H: the value heads (grouped value heads: a multiple of q's)
     out = poisoned_out(B, T, H, K, x["v"].shape[-1], qg=output_qg, dtype=x["q"].dtype)
     res = kdajit.forward(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=output_qg, out=out)
     torch.cuda.synchronize()

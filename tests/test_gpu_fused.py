@@ -31,7 +31,7 @@ CONFIGS = FUSED_CONFIG_SPACE
 
 
 def poisoned(x, output_qg):
-    B, T, H, K = x["q"].shape
+    B, T, H, K = x["gk"].shape  # H: the value heads (grouped value heads: a multiple of q's)
     return poisoned_out(B, T, H, K, x["v"].shape[-1], qg=output_qg, dtype=x["q"].dtype)
 
 
@@ -59,7 +59,7 @@ def varlen_inputs(lengths, H, beta_dtype, index_dtype=torch.int32):
 
 
 def test_forward_runs_the_fused_kernel():
-    problem = kdajit.validate.Problem(1, 64, 1, 128, 128, 64, "bf16", "dense", "bf16")
+    problem = kdajit.validate.Problem(1, 64, 1, 128, 128, 64, "bf16", "dense", "bf16", 1)
     kernels = api._kernels(problem, 64, False, torch.cuda.current_device(), intra=True, recompute=True)
     assert kernels.fused is not None and kernels.intra is None
 

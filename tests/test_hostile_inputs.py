@@ -80,8 +80,8 @@ CASES = [
     ("cu_seqlens float", dict(cu_seqlens=torch.tensor([0.0, T])), TypeError, ["cu_seqlens", "int32 or int64"]),
     # shapes
     ("q 5-D", dict(q=X["q"][None]), ValueError, ["q", "4-D"]),
-    ("v 3-D", dict(v=X["v"][0]), ValueError, ["v", "[B, T, H, V]"]),
-    ("beta [B, T]", dict(beta=X["beta"][..., 0]), ValueError, ["beta", "[B, T, H]", "[1, 130]"]),
+    ("v 3-D", dict(v=X["v"][0]), ValueError, ["v", "[B, T, HV, V]"]),
+    ("beta [B, T]", dict(beta=X["beta"][..., 0]), ValueError, ["beta", "[B, T, HV]", "[1, 130]"]),
     ("gk short T", dict(gk=X["gk"][:, :-1]), ValueError, ["gk", "[1, 129, 2, 128]"]),
     ("k other H", dict(k=X["k"][:, :, :1]), ValueError, ["k", "[1, 130, 1, 128]"]),
     # devices

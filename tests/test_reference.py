@@ -374,3 +374,19 @@ def test_reference_does_not_import_the_api():
     tree = ast.parse(Path(outputs.__file__).read_text())
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("kdajit")]
     assert ForwardOutput is kdajit.ForwardOutput is kdajit.api.ForwardOutput is outputs.ForwardOutput
+
+
+def test_grouped_value_heads_use_query_head_h_over_group(rng):
+    """Value head h of a grouped call (HV = 3H) reads q, k of head h // 3 (FLA's mapping, not h % H)."""
+    H, group = 2, 3
+    x = make_inputs(1, 100, H, 16, 16, value_heads=H * group, generator=rng)
+    grouped = forward_reference(x["q"], x["k"], x["v"], x["gk"], x["beta"], 0.3, output_qg=True)
+    assert grouped.Aqk.shape == (1, 100, H * group, 64) and grouped.w.shape == x["gk"].shape
+    for h in range(H * group):
+        alone = forward_reference(x["q"][:, :, h // group, None], x["k"][:, :, h // group, None],
+                                  x["v"][:, :, h, None], x["gk"][:, :, h, None], x["beta"][:, :, h, None], 0.3,
+                                  output_qg=True)
+        for name, piece in alone._asdict().items():
+            assert torch.equal(getattr(grouped, name)[:, :, h, None], piece), (name, h)
+    with pytest.raises(ValueError, match="multiple of H"):
+        forward_reference(x["q"], x["k"], x["v"][:, :, :5], x["gk"][:, :, :5], x["beta"][:, :, :5])

@@ -39,6 +39,19 @@ def test_fake_shapes_and_dtypes(dtype, head_dim):
         assert no_qg.numel() == 0
 
 
+def test_fake_shapes_of_grouped_value_heads():
+    """q, k with H = 2 heads, v, gk, beta with HV = 4: every output has HV heads."""
+    x = reference.make_inputs(1, 70, 2, value_heads=4, generator=torch.Generator().manual_seed(0))
+    with FakeTensorMode(shape_env=ShapeEnv()) as mode:
+        q, k, v, gk, beta = (mode.from_tensor(x[n]) for n in ("q", "k", "v", "gk", "beta"))
+        Aqk, Akk, w, u, kg, qg = torch.ops.kdajit.forward(q, k, v, gk, beta, 0.1, None, 64, True)
+        assert Aqk.shape == Akk.shape == (1, 70, 4, 64) and w.shape == kg.shape == qg.shape == gk.shape
+        assert u.shape == v.shape
+        assert [t.shape for t in torch.ops.kdajit.intra(q, k, gk, beta, 0.1, None, 64)] == [Aqk.shape] * 2
+        w2, u2, kg2, qg2 = torch.ops.kdajit.recompute_w_u(k, v, beta, Akk, gk, None, 64, q)
+        assert w2.shape == kg2.shape == qg2.shape == gk.shape and u2.shape == v.shape
+
+
 def compile_counting(fn):
     graphs = []
 

@@ -480,7 +480,7 @@ def test_forward_falls_back_to_the_reference_when_the_winner_is_not_cached(cache
         launched.append(key)
         return ("reference kernel",)
     monkeypatch.setattr(cache, "get_kernels", get_kernels)
-    problem = Problem(1, SHAPE.tokens, SHAPE.heads, 128, 128, 64, "bf16", "dense", "bf16")
+    problem = Problem(1, SHAPE.tokens, SHAPE.heads, 128, 128, 64, "bf16", "dense", "bf16", SHAPE.heads)
     with pytest.warns(tuner.KdajitTuningWarning, match="cannot be used .*not cached"):
         kernels = api._kernels(problem, 64, False, 0, intra=True, recompute=True, seqs=1, shape=lambda: SHAPE)
     assert kernels.fused == "reference kernel" and launched == [SPEC.fused_key()]

@@ -44,7 +44,10 @@ CASES = [
     ("K unsupported", dict(q=torch.randn(B, T, H, 96).to(torch.bfloat16)), NotImplementedError, ["K", "96", "128"]),
     ("k shape", dict(k=torch.randn(B, T, H + 1, K).to(torch.bfloat16)), ValueError, ["k", "[1, 130, 3, 128]"]),
     ("gk shape", dict(gk=torch.randn(B, T - 1, H, K)), ValueError, ["gk", "[1, 129, 2, 128]"]),
-    ("beta shape", dict(beta=torch.rand(B, T, H, 1).to(torch.bfloat16)), ValueError, ["beta", "[B, T, H]"]),
+    ("beta shape", dict(beta=torch.rand(B, T, H, 1).to(torch.bfloat16)), ValueError, ["beta", "[B, T, HV]"]),
+    ("gk heads not a multiple of H", dict(gk=torch.randn(B, T, H + 1, K)), ValueError,
+     ["gk", "multiple of H=2", "[1, 130, 3, 128]"]),
+    ("beta heads not gk's", dict(gk=torch.randn(B, T, 2 * H, K)), ValueError, ["beta", "[1, 130, 4]", "HV"]),
     ("v shape", dict(v=torch.randn(B, T, H + 1, V).to(torch.bfloat16)), ValueError, ["v", "[1, 130, 3, 128]"]),
     ("V unsupported", dict(v=torch.randn(B, T, H, 64).to(torch.bfloat16)), NotImplementedError, ["V", "64"]),
     ("q non-contiguous", dict(q=torch.randn(B, T, K, H).to(torch.bfloat16).transpose(2, 3)), ValueError,
@@ -107,7 +110,8 @@ def test_recompute_rejects_bad_akk_and_q():
 
 def test_intra_checks_without_v():
     args = inputs()
-    with pytest.raises(ValueError, match=r"gk must have shape \[1, 130, 2, 128\]"):
+    with pytest.raises(ValueError, match=r"gk must have shape \[B, T, HV, K\] = \[1, 130, HV, 128\] with HV a "
+                                         r"multiple of H=2"):
         kdajit.intra(args["q"], args["k"], args["gk"][:, :, :1], args["beta"])
 
 
@@ -259,3 +263,22 @@ def test_every_covered_io_dtype_and_head_size_is_accepted(io, head_dim, monkeypa
         validate.check_forward_inputs(x["q"], x["k"], x["v"], gk, beta, None, 64, {"Aqk": wrong})
     with pytest.raises(TypeError, match=rf"Akk must have dtype {str(dtype)[6:]} \(the dtype of q\)"):
         validate.check_recompute_inputs(x["k"], x["v"], beta, wrong, gk, x["q"], None, 64)
+
+
+@pytest.mark.parametrize("group", [2, 4])
+def test_grouped_value_heads_are_accepted(group, monkeypatch):
+    """q, k with H heads and v, gk, beta with HV = group * H (FLA's grouped value heads): every output has HV heads."""
+    monkeypatch.setattr(validate, "check_devices", lambda **tensors: None)
+    HV = group * H
+    q, k = (torch.randn(B, T, H, K).to(torch.bfloat16) for _ in range(2))
+    v, gk, beta = torch.randn(B, T, HV, V).to(torch.bfloat16), -torch.rand(B, T, HV, K), torch.rand(B, T, HV)
+    problem = validate.check_forward_inputs(q, k, v, gk, beta, None, 64)
+    assert (problem.heads, problem.qk_heads) == (HV, H)
+    akk = torch.zeros(B, T, HV, 64, dtype=torch.bfloat16)
+    assert validate.check_recompute_inputs(k, v, beta, akk, gk, q, None, 64).heads == HV
+    with pytest.raises(ValueError, match=rf"Akk must have shape \[1, 130, {HV}, 64\]"):
+        validate.check_recompute_inputs(k, v, beta, akk[:, :, :H].contiguous(), gk, q, None, 64)
+    with pytest.raises(ValueError, match=rf"out\.w must be .* of shape \[1, 130, {HV}, 128\]"):
+        validate.check_forward_inputs(q, k, v, gk, beta, None, 64, {"w": torch.zeros(B, T, H, K, dtype=torch.bfloat16)})
+    with pytest.raises(ValueError, match=rf"v must have shape \[B, T, HV, V\] = \[1, 130, {HV}, V\]"):
+        validate.check_forward_inputs(q, k, v[:, :, :H].contiguous(), gk, beta, None, 64)

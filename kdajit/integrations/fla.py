@@ -81,10 +81,6 @@ def intra_decline_reason(q, k, v, gk=None, beta=None, scale=None, cu_seqlens=Non
         return "gk and beta are required"
     if not isinstance(disable_recompute, bool):
         return f"disable_recompute={disable_recompute!r} must be a bool"
-    if all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (q, v, gk)) and \
-            not v.shape[2] == gk.shape[2] == q.shape[2]:
-        return (f"grouped value heads (q has {q.shape[2]} heads, v {v.shape[2]}, gk {gk.shape[2]}) are not "
-                f"supported by kdajit yet")
     return (_validation_reason(validate.check_scale, scale)
             or _validation_reason(validate.check_forward_inputs, q, k, v, gk, beta, cu_seqlens, chunk_size))
 
@@ -95,10 +91,6 @@ def recompute_decline_reason(k, v, beta, A, gk, q=None, cu_seqlens=None, chunk_i
     reason = _common_reason(fla_version or _fla_version(), unknown)
     if reason:
         return reason
-    if all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (k, v, gk)) and \
-            not v.shape[2] == gk.shape[2] == k.shape[2]:
-        return (f"grouped value heads (k has {k.shape[2]} heads, v {v.shape[2]}, gk {gk.shape[2]}) are not "
-                f"supported by kdajit yet")
     chunk = A.shape[-1] if isinstance(A, torch.Tensor) and A.dim() == 4 else 64
     return _validation_reason(validate.check_recompute_inputs, k, v, beta, A, gk, q, cu_seqlens, chunk)
 
