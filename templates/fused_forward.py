@@ -70,6 +70,9 @@ SMEM_PER_CTA_MAX = 232_448     # 227 KiB usable by one CTA
 SMEM_RESERVED_PER_CTA = 1_024  # taken by the system for every resident CTA
 SMEM_CARVEOUT_MAX = 100        # percent: all of the unified L1 / shared array as shared memory, so
                                # that ctas_per_sm CTAs are resident (the driver's choice is only a hint)
+# One tile per CTA asks for up to 3 resident CTAs (K = V = 64 fits 3 by shared memory; ptxas then caps
+# registers at 168 per thread, which the tile kernel meets without spills; K = 128 fits 2, K = 256 one).
+TILE_CTAS_PER_SM = 3
 
 
 def fused_smem_struct(chunk: int, head_k: int, head_v: int, io):
@@ -106,9 +109,11 @@ def smem_bytes(key: FusedForwardKey) -> int:
 
 
 def resident_ctas(key: FusedForwardKey) -> int:
-    """CTAs of `key`'s kernel an SM holds by shared memory, at most `key.config.ctas_per_sm`: the
-    occupancy the launch asks for."""
-    return min(key.config.ctas_per_sm, SMEM_PER_SM // (smem_bytes(key) + SMEM_RESERVED_PER_CTA))
+    """The occupancy the launch asks for (`min_blocks_per_mp`, which also caps registers per thread):
+    the CTAs of `key`'s kernel an SM holds by shared memory, at most `key.config.ctas_per_sm` for a
+    persistent grid (sized for that many) and at most TILE_CTAS_PER_SM for one tile per CTA."""
+    wanted = key.config.ctas_per_sm if key.config.persistent else TILE_CTAS_PER_SM
+    return min(wanted, SMEM_PER_SM // (smem_bytes(key) + SMEM_RESERVED_PER_CTA))
 
 
 class FusedForward:
