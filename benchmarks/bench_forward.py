@@ -1,6 +1,6 @@
 """Time kdajit.forward (fused and standalone routes) against FLA's chunk_kda_fwd_intra in the same process.
 
-    python benchmarks/bench_forward.py [--rows all|main|coverage|ROW,ROW...] [--configs] [--json out.json]
+    python benchmarks/bench_forward.py [--rows all|main|coverage|ROW,ROW...] [--configs [SLUG,...]] [--json out.json]
                                        [--plot out.png]
 
 Rows (K = V = 128, bf16 q/k/v, chunk 64, output_qg=False, FLA with safe_gate=True): B=2 T=8192 H=64 with bf16
@@ -12,7 +12,8 @@ L2, so one set is timed without rotation. Per row: median time (triton.testing.d
 median of >= 20 timed runs) of FLA, kdajit's fused route (what `forward` runs on sm_90a), and the standalone route
 (intra + inverse + recompute), the ratio FLA / fused, the fraction of the HBM floor (minimal traffic:
 each input read once, each output written once, at the measured copy rate), and a per-kernel breakdown
-from the torch profiler. `--configs` also times every fused configuration. Prints a markdown table.
+from the torch profiler. `--configs` also times every fused configuration that fits the row (or the ones
+named, e.g. `--configs tile,tile-w8`). Prints a markdown table.
 """
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def standalone_route():
             os.environ["KDAJIT_FORWARD_ROUTE"] = before
 
 
-def run_row(name: str, with_configs: bool) -> dict:
+def run_row(name: str, configs: str | None) -> dict:
     B, T, H, beta, sequences, io, K, group = ROWS[name]
     x, cu, tokens = make_row_inputs(B, T, H, beta, sequences, io, K, group)
     args = (x["q"], x["k"], x["v"], x["gk"], x["beta"], None, cu, 64, False, True, None)
@@ -122,9 +123,10 @@ def run_row(name: str, with_configs: bool) -> dict:
     with standalone_route():
         r["standalone_ms"] = bench(standalone)
         r["standalone_kernels"] = kernel_breakdown(standalone)
-    if with_configs:  # every configuration of the space that fits this specialization
+    if configs:  # the configurations of the space that fit this specialization ("all" or the named ones)
         spec = ForwardSpec(beta, "cu32" if sequences else "dense", K, K, 64, False, compiler.current_arch(), io)
-        r["configs_ms"] = {c.slug(): bench(fused(c)) for c in tuner.candidates(spec)[0]}
+        wanted = [c for c in tuner.candidates(spec)[0] if configs == "all" or c.slug() in configs.split(",")]
+        r["configs_ms"] = {c.slug(): bench(fused(c)) for c in wanted}
     try:
         from fla.ops.kda.chunk_intra import chunk_kda_fwd_intra as fla_intra
 
@@ -175,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default="all",
                         help=f"all, main (the two B=2 T=8192 H=64 rows), coverage or comma-separated names of "
                              f"{list(ROWS)}")
-    parser.add_argument("--configs", action="store_true", help="also time every fused configuration")
+    parser.add_argument("--configs", nargs="?", const="all", default=None, metavar="SLUG,...",
+                        help="also time every fused configuration that fits (or the named ones)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--plot", help="draw time against tokens x heads to this PNG (needs matplotlib)")
     args = parser.parse_args(argv)

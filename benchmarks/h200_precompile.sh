@@ -8,12 +8,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=.gpu-cache/cpu
 rm -rf "$root" .gpu-cache/phases .gpu-cache/cpu.tar.xz  # keeps triton.tar.xz (h200_session.sh)
-configs=()  # --config words of every non-reference configuration in kdajit.keys.FUSED_CONFIG_SPACE
-while read -r word; do configs+=(--config "$word"); done < <(python -c '
-import dataclasses
-from kdajit.keys import FUSED_CONFIG_SPACE
-for c in FUSED_CONFIG_SPACE[1:]:
-    print(";".join(f"{k}={str(v).lower()}" for k, v in dataclasses.asdict(c).items()))')
+config_words() {  # --config words of every non-reference configuration the tuner builds with QG $1 (on|off)
+  python -c '
+import dataclasses, sys
+from kdajit import tuner
+from kdajit.keys import ForwardSpec
+spec = ForwardSpec("bf16", "dense", 128, 128, 64, sys.argv[1] == "on", "sm_90a")
+for c in tuner.candidates(spec)[0][1:]:
+    print("--config", ";".join(f"{k}={str(v).lower()}" for k, v in dataclasses.asdict(c).items()))' "$1"
+}
+configs=(); while read -r flag word; do configs+=("$flag" "$word"); done < <(config_words off)
+qg_configs=(); while read -r flag word; do qg_configs+=("$flag" "$word"); done < <(config_words on)
 precompile() { python -m kdajit precompile --cache-dir "$root" --arch sm_90a --no-progress "$@" | tail -1; }
 fused_bf16_128() { precompile --only fused_forward --io bf16 --kv 128 "$@"; }  # the fused configuration space
 python benchmarks/fused_phases.py --export .gpu-cache/phases
@@ -23,13 +28,15 @@ persistent_c1="persistent=true;ctas_per_sm=1;raster=head;loads_ahead=1"
 precompile --io fp16 --beta fp16 --kv 64,128,256 --varlen dense,cu32 --qg on --config ref --config "$persistent_c1"
 precompile --io bf16 --beta bf16 --kv 64,256 --varlen dense,cu32 --qg on --config ref --config "$persistent_c1"
 fused_bf16_128 --beta bf16,fp32 --varlen dense --qg off "${configs[@]}"  # bench_forward rows
-fused_bf16_128 --beta fp32 --varlen dense --qg on "${configs[@]}"        # tests/test_gpu_fused.py
+fused_bf16_128 --beta fp32 --varlen dense --qg on "${qg_configs[@]}"     # tests/test_gpu_fused.py
 fused_bf16_128 --beta bf16 --varlen cu64 --qg off "${configs[@]}"
 fused_bf16_128 --beta bf16 --varlen cu32 --qg on \
   --config "persistent=true;ctas_per_sm=2;raster=head;loads_ahead=0"
-fused_bf16_128 --beta bf16 --varlen dense --qg on "${configs[@]}"        # stressconfigs
-# bench_forward --rows coverage: fp16 K = 128 and bf16 K = 64 / 256, dense, QG off (the standalone kernels too)
-precompile --io fp16 --beta fp16 --kv 128 --varlen dense --qg off
-precompile --io bf16 --beta bf16 --kv 64,256 --varlen dense --qg off
+fused_bf16_128 --beta bf16 --varlen dense --qg on "${qg_configs[@]}"     # stressconfigs
+# bench_forward --rows coverage --configs tile,tile-w8: fp16 K = 128 and bf16 K = 64 / 256, dense, QG off (the
+# standalone kernels too)
+tile_w8="persistent=false;ctas_per_sm=2;raster=chunk;loads_ahead=0;warps=8"
+precompile --io fp16 --beta fp16 --kv 128 --varlen dense --qg off --config ref --config "$tile_w8"
+precompile --io bf16 --beta bf16 --kv 64,256 --varlen dense --qg off --config ref --config "$tile_w8"
 tar -C .gpu-cache -cJf .gpu-cache/cpu.tar.xz cpu phases
 ls -la .gpu-cache/cpu.tar.xz

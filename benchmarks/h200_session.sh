@@ -5,7 +5,7 @@
 # FLA-ratio accuracy runs), core_fla (core and dslfree, the FLA tests in the background),
 # suite (demo + the GPU suite but the fused and FLA-backend files, which have their own stages), fused
 # (fused-kernel GPU tests), bench (bench_forward, every row, with --plot),
-# benchmain (the two main rows, every fused configuration), phases (fused_phases, objects from the
+# benchmain (the two main rows, every fused configuration; BENCH_ROWS, BENCH_CONFIGS, BENCH_LIMIT), phases (fused_phases, objects from the
 # tarball), dslfree (benchmarks/dsl_free_load.py), host (bench_host), tune (kdajit tune at the two
 # tuning-evidence shapes), fla (FLA-backend GPU tests and bench), flabench (bench_fla_backend alone),
 # stress (determinism replays), stressrest (stress but the bf16 run), stress10m_fla (the 10M run beside
@@ -80,8 +80,8 @@ run_stage() {
     bench)
       stage bench 330 python3 benchmarks/bench_forward.py --json "$out/bench.json" --plot "$out/bench.png" ;;
     benchmain)
-      stage benchmain 150 python3 benchmarks/bench_forward.py --rows "${BENCH_ROWS:-main}" --configs \
-        --json "$out/benchmain.json" ;;
+      stage benchmain "${BENCH_LIMIT:-150}" python3 benchmarks/bench_forward.py --rows "${BENCH_ROWS:-main}" \
+        --configs "${BENCH_CONFIGS:-all}" --json "$out/benchmain.json" ;;
     phases)
       stage phases 240 python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases --json "$out/phases.json" ;;
     dslfree)  # a cached fused kernel linked into a shared library and run through TVM-FFI alone (no DSL import)

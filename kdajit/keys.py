@@ -65,7 +65,10 @@ class FusedConfig:
     [B, T, H, D] memory). `loads_ahead`: tiles whose loads a persistent CTA issues before it has
     finished the current one (0: load, then compute; 1: the next tile's inputs stream into the
     shared buffers the current tile has finished reading, while it computes W, U and stores).
-    Non-persistent configs keep the defaults of the other fields.
+    `warps`: 4 (every warp runs every phase) or 8 (two warp groups: the intra blocks spread over all
+    8 warps; then warps 0-3 invert while warps 4-7 compute the gate rows, and warps 0-3 multiply W
+    while warps 4-7 multiply U; only without QG and with loads_ahead 0).
+    Non-persistent configs keep the defaults of the other fields but `warps`.
     The reference configuration is the default instance.
     """
 
@@ -73,17 +76,22 @@ class FusedConfig:
     ctas_per_sm: int = 2
     raster: str = "chunk"
     loads_ahead: int = 0
+    warps: int = 4
 
     def slug(self) -> str:
+        warps = f"-w{self.warps}" if self.warps != 4 else ""
         if not self.persistent:
-            return "tile"
-        return f"persistent-c{self.ctas_per_sm}-{self.raster}" + (f"-a{self.loads_ahead}" if self.loads_ahead else "")
+            return "tile" + warps
+        ahead = f"-a{self.loads_ahead}" if self.loads_ahead else ""
+        return f"persistent-c{self.ctas_per_sm}-{self.raster}{ahead}{warps}"
 
 
+FUSED_WARPS = (4, 8)
 # The fused kernel's declared configuration space (what the full compile sweep builds, the bitwise
 # GPU tests run and the autotuner may choose from); the reference configuration comes first.
 FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
-    FusedConfig(True, ctas, raster, ahead) for ahead in LOADS_AHEAD for ctas in (1, 2) for raster in RASTER_ORDERS)
+    FusedConfig(True, ctas, raster, ahead) for ahead in LOADS_AHEAD for ctas in (1, 2) for raster in RASTER_ORDERS
+) + (FusedConfig(warps=8),) + tuple(FusedConfig(True, ctas, "head", 0, 8) for ctas in (1, 2))
 
 
 @dataclass(frozen=True)

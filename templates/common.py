@@ -77,6 +77,15 @@ def fake_arguments(key) -> tuple:
     return (*fakes, make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
+def sync_group(group=None):
+    """A barrier: the whole CTA (`__syncthreads`) when `group` is None, else the named barrier `group` =
+    (barrier id 1..15, threads): the warps of one warp group, while the others run other work."""
+    if group is None:
+        cute.arch.sync_threads()
+    else:
+        cute.arch.barrier(barrier_id=group[0], number_of_threads=group[1])
+
+
 def make_struct(name: str, fields: list):
     """A `cute.struct` (a shared-memory layout with its byte count as code) from (name, type) pairs."""
     return cute.struct(type(name, (), {"__annotations__": dict(fields)}))

@@ -21,6 +21,13 @@ The standalone recompute reads the rounded Akk that step 3 stores; here the same
 shared memory, so the A operand is bit-identical. Rows >= v hold values (clamped or unwritten) that are
 replaced by zero with a select or never stored, exactly as in the standalone kernels.
 
+With 8 warps (`FusedConfig.warps`, no QG, loads_ahead 0; `two_group_tile`) the same phases run on two
+groups of 4 warps: the intra blocks are spread over all 8 warps (tile_intra.SCHEDULES[8]); then group 0
+(warps 0-3) runs phase 3 and stages the A tile while group 1 (warps 4-7) loads v and computes the gate
+rows, writing Kp into q's buffer (q is consumed by then; the work region still holds L); then group 0
+multiplies and stores W while group 1 multiplies and stores U. Each group synchronizes on its own named
+barrier; every element still comes from the same device function on the same operands.
+
 Every 16-bit tensor (q, k, v, Akk and the outputs) has the key's io dtype, bf16 or fp16. Grouped value
 heads: tiles are (chunk, value head h) of the HV heads of v, gk, beta and the outputs; q and k are read
 at head h // (HV / H), as in the standalone kernels.
@@ -53,26 +60,32 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
-from kdajit.keys import FUSED_ARCHS, HEAD_DIMS, LOADS_AHEAD, RASTER_ORDERS, VARLEN_MODES, FusedForwardKey
+from kdajit.keys import (FUSED_ARCHS, FUSED_WARPS, HEAD_DIMS, LOADS_AHEAD, RASTER_ORDERS, VARLEN_MODES,
+                         FusedForwardKey)
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
-                                    make_struct, qk_head)
-from kdajit.templates.tile_intra import (beta_row, intra_tile, load_rows, make_intra_mma, make_row_copy,
+                                    make_struct, qk_head, sync_group)
+from kdajit.templates.tile_intra import (SCHEDULES, beta_row, intra_tile, load_rows, make_intra_mma, make_row_copy,
                                          padded_pitch, padded_tile_layout)
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_layout, make_akk_store_copy,
                                            make_l_load_copy, store_akk_rows, x00_layout, zero_rows_from)
 from kdajit.templates.tile_recompute import (VEC, RecomputeLayouts, gate_row, make_recompute_mma,
-                                             products_w_u, row_fragments, store_akk)
+                                             product_of_group, products_w_u, row_fragments, store_akk)
 
-NUM_THREADS = 128
+# 4 warps: the inverse, the gate rows and the W/U products are written for one group of 4 warps (all of
+# a 4-warp CTA; in an 8-warp CTA group 0 = warps 0-3 inverts and multiplies W, group 1 = warps 4-7
+# computes the gate rows and multiplies U, each group with its own named barrier).
+GROUP_THREADS = 128
+GROUP_BARRIERS = ((1, GROUP_THREADS), (2, GROUP_THREADS))
 PHASES = ("loads", "intra", "inverse", "recompute")  # every kernel built from a key runs all of them
 SMEM_PER_SM = 233_472          # H100/H200: 228 KiB of shared memory per SM
 SMEM_PER_CTA_MAX = 232_448     # 227 KiB usable by one CTA
 SMEM_RESERVED_PER_CTA = 1_024  # taken by the system for every resident CTA
 SMEM_CARVEOUT_MAX = 100        # percent: all of the unified L1 / shared array as shared memory, so
                                # that ctas_per_sm CTAs are resident (the driver's choice is only a hint)
-# One tile per CTA asks for up to 3 resident CTAs (K = V = 64 fits 3 by shared memory; ptxas then caps
-# registers at 168 per thread, which the tile kernel meets without spills; K = 128 fits 2, K = 256 one).
-TILE_CTAS_PER_SM = 3
+# One tile per CTA asks for up to this many resident CTAs, by warps per CTA (4 warps: K = V = 64 fits 3 by
+# shared memory, and ptxas then caps registers at 168 per thread, which the tile kernel meets without
+# spills; K = 128 fits 2, K = 256 one. 8 warps: 2, a 128-register cap).
+TILE_CTAS_PER_SM = {4: 3, 8: 2}
 
 
 def fused_smem_struct(chunk: int, head_k: int, head_v: int, io):
@@ -95,7 +108,8 @@ def fused_smem_struct(chunk: int, head_k: int, head_v: int, io):
     smem = make_struct("FusedSmem", [
         ("work", S.Align[S.MemRange[cutlass.Uint8, work_bytes], 1024]),
         ("vp", S.Align[S.MemRange[io, head_v * chunk], 1024]),
-        ("q", S.Align[S.MemRange[io, chunk * padded_pitch(io, head_k)], 128]),
+        # 1024-aligned: the 8-warp configurations stage Kp (a swizzled tile) here once q is consumed
+        ("q", S.Align[S.MemRange[io, chunk * padded_pitch(io, head_k)], 1024]),
         ("k", S.Align[S.MemRange[io, chunk * padded_pitch(io, head_k)], 128]),
         ("g", S.Align[S.MemRange[f32, chunk * padded_pitch(f32, head_k)], 128]),
         ("beta", S.Align[S.MemRange[f32, chunk], 16]),
@@ -112,7 +126,7 @@ def resident_ctas(key: FusedForwardKey) -> int:
     """The occupancy the launch asks for (`min_blocks_per_mp`, which also caps registers per thread):
     the CTAs of `key`'s kernel an SM holds by shared memory, at most `key.config.ctas_per_sm` for a
     persistent grid (sized for that many) and at most TILE_CTAS_PER_SM for one tile per CTA."""
-    wanted = key.config.ctas_per_sm if key.config.persistent else TILE_CTAS_PER_SM
+    wanted = key.config.ctas_per_sm if key.config.persistent else TILE_CTAS_PER_SM[key.config.warps]
     return min(wanted, SMEM_PER_SM // (smem_bytes(key) + SMEM_RESERVED_PER_CTA))
 
 
@@ -126,7 +140,7 @@ class FusedForward:
         self.output_qg = key.output_qg
         self.varlen = key.varlen != "dense"
         self.config = key.config
-        self.num_threads = NUM_THREADS
+        self.num_threads = 32 * key.config.warps
         # Measurement only (benchmarks/fused_phases.py): a kernel that leaves phases out computes
         # garbage and is never built from a key, so it never reaches the cache.
         self.phases = PHASES
@@ -141,15 +155,17 @@ class FusedForward:
                 and key.arch in FUSED_ARCHS
                 and isinstance(key.output_qg, bool))
         if (not fits or not isinstance(cfg.persistent, bool) or cfg.raster not in RASTER_ORDERS
-                or cfg.loads_ahead not in LOADS_AHEAD):
+                or cfg.loads_ahead not in LOADS_AHEAD or cfg.warps not in FUSED_WARPS):
             return False
-        if not cfg.persistent and cfg != type(cfg)():  # one tile per CTA: the other fields do not apply
+        if not cfg.persistent and cfg != type(cfg)(warps=cfg.warps):  # one tile per CTA: the others do not apply
+            return False
+        if cfg.warps == 8 and (key.output_qg or cfg.loads_ahead):  # Kp takes q's buffer; no early loads
             return False
         if not isinstance(cfg.ctas_per_sm, int) or cfg.ctas_per_sm < 1:
             return False
         # A persistent grid is sized for ctas_per_sm resident CTAs, so they must fit; one tile per CTA
         # asks for as many as fit (`resident_ctas`), so a K = 256 tile that fits alone still builds.
-        return (smem_bytes(key) <= SMEM_PER_CTA_MAX and cfg.ctas_per_sm * NUM_THREADS <= 2048
+        return (smem_bytes(key) <= SMEM_PER_CTA_MAX and cfg.ctas_per_sm * 32 * cfg.warps <= 2048
                 and (not cfg.persistent or resident_ctas(key) == cfg.ctas_per_sm))
 
     def fake_args(self) -> tuple:
@@ -173,8 +189,8 @@ class FusedForward:
         self.kernel(mQ, mK, mV, mGk, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, scale,
                     tiles[0], make_intra_mma(), make_row_copy(self.io, self.head_k, self.num_threads),
                     make_row_copy(f32, self.head_k, self.num_threads), make_l_load_copy(self.num_threads),
-                    make_akk_store_copy(self.num_threads, self.io),
-                    make_recompute_mma(self.chunk, self.num_threads, self.io),
+                    make_akk_store_copy(GROUP_THREADS, self.io),
+                    make_recompute_mma(self.chunk, GROUP_THREADS, self.io),
                     layouts.akk, layouts.kp, layouts.vp, layouts.out_w, layouts.out_u).launch(
             grid=grid, block=(self.num_threads, 1, 1), stream=stream,
             min_blocks_per_mp=resident_ctas(self.key), preferred_smem_carveout=SMEM_CARVEOUT_MAX)
@@ -194,6 +210,9 @@ class FusedForward:
         storage = SmemAllocator().allocate(self.smem_struct)
         inv = self.inverse_work(storage.work.data_ptr())
         rec = self.recompute_work(storage.work.data_ptr())
+        # 8 warps: group 1 writes Kp while group 0 still inverts in the work region, so Kp (and then the
+        # W staging tile) goes to q's buffer, free after the intra phase without QG.
+        kp_home = storage.q if cutlass.const_expr(self.config.warps == 8) else rec.kp
         smem = (
             storage.q.get_tensor(padded_tile_layout(io, C, K)),
             storage.k.get_tensor(padded_tile_layout(io, C, K)),
@@ -203,16 +222,16 @@ class FusedForward:
             inv.x00.get_tensor(x00_layout(C)),
             inv.akk.get_tensor(akk_tile_layout(C)),
             rec.akk.get_tensor(sA_layout),
-            rec.kp.get_tensor(sKp_layout),
+            kp_home.get_tensor(sKp_layout),
             storage.vp.get_tensor(sVp_layout),
             # The output staging tiles reuse the Kp / Vp buffers once every warp has read them.
-            rec.kp.get_tensor(sOutW_layout),
+            kp_home.get_tensor(sOutW_layout),
             storage.vp.get_tensor(sOutU_layout),
         )
         ops = (intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma)
         tensors = (mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens)
         # Registers of the tile whose loads are in flight: its v rows and this thread's beta.
-        rV = row_fragments(self.chunk // (self.num_threads // (self.head_v // VEC)), io)
+        rV = row_fragments(self.chunk // (GROUP_THREADS // (self.head_v // VEC)), io)
         rBeta = cute.make_rmem_tensor((1,), mBeta.element_type)
         if cutlass.const_expr(self.config.persistent):
             bidx, _, _ = cute.arch.block_idx()
@@ -287,7 +306,7 @@ class FusedForward:
                       rows)
             load_rows(copy_g, chunk_rows(mG, batch, head, row0, self.chunk), sG, cTile, tidx, rows)
         cute.arch.cp_async_commit_group()
-        if cutlass.const_expr(loads and parts != "q"):
+        if cutlass.const_expr(loads and parts != "q" and self.config.warps == 4):  # 8 warps: in compute_tile_w8
             self.load_v_rows(mV, batch, head, row0, rows, tidx, rV)
             # The raw value only: converting it here would wait for the load, and the barrier after
             # the gate rows would make every warp wait with it.
@@ -298,7 +317,73 @@ class FusedForward:
                      scale: cutlass.Float32, batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
                      valid_rows: cutlass.Int32, rV: cute.Tensor, rBeta: cute.Tensor,
                      next_tile: cutlass.Constexpr = None):
-        """Phases 2-4 of the module docstring for a tile whose loads (`load_tile`) are in flight.
+        """Phases 2-4 of the module docstring for a tile whose loads (`load_tile`) are in flight, by one
+        group of 4 warps or, with 8 warps, by two (`two_group_tile`)."""
+        if cutlass.const_expr(self.config.warps == 8):
+            self.two_group_tile(tensors, smem, ops, scale, batch, head, row0, valid_rows, rV, rBeta)
+        else:
+            self.one_group_tile(tensors, smem, ops, scale, batch, head, row0, valid_rows, rV, rBeta, next_tile)
+
+    @cute.jit
+    def two_group_tile(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, ops: cutlass.Constexpr,
+                       scale: cutlass.Float32, batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
+                       valid_rows: cutlass.Int32, rV: cute.Tensor, rBeta: cute.Tensor):
+        """Phases 2-4 with 8 warps (no QG): the intra blocks over all 8 warps (SCHEDULES[8]); then group 0
+        (warps 0-3) inverts, stores Akk and stages the A tile while group 1 (warps 4-7) loads v and computes
+        the gate rows (Kp into q's buffer, Vp, KG); then group 0 multiplies W while group 1 multiplies U.
+        Every element comes from the same device function, on the same operands, as in `one_group_tile`."""
+        mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens = tensors
+        sQ, sK, sG, sBeta, sL, sX00, sX, sA, sKp, sVp, sOutW, sOutU = smem
+        intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma = ops
+        C = self.chunk
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+        group_tidx = tidx % GROUP_THREADS
+        first_group = warp_idx < GROUP_THREADS // 32
+        cute.arch.cp_async_wait_group(0)
+        if tidx < C:
+            sBeta[tidx] = beta_row(rBeta[0], tidx, valid_rows)
+        cute.arch.sync_threads()
+
+        if cutlass.const_expr("intra" in self.phases):
+            intra_tile(intra_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, C), sL, warp_idx,
+                       lane, valid_rows, scale, SCHEDULES[8])
+            zero_rows_from(l_copy, sL, tidx, valid_rows)
+        cute.arch.sync_threads()  # L complete; q consumed (its buffer becomes Kp)
+
+        recompute = cutlass.const_expr("recompute" in self.phases)
+        if first_group:
+            if cutlass.const_expr("inverse" in self.phases):
+                invert_tile(sL, sX, sX00, warp_idx, lane, GROUP_BARRIERS[0])
+                sync_group(GROUP_BARRIERS[0])
+                store_akk_rows(akk_store_copy, sX, chunk_rows(mAkk, batch, head, row0, C), group_tidx, valid_rows)
+            if cutlass.const_expr(recompute):
+                rA = self.akk_rows_from_smem(sX, group_tidx)
+                sync_group(GROUP_BARRIERS[0])  # the group has read sX and sL: the work region is free
+                store_akk(rA, sA, valid_rows, group_tidx, GROUP_THREADS)
+        else:
+            if cutlass.const_expr(recompute):
+                self.load_v_rows(mV, batch, head, row0, valid_rows, group_tidx, rV)
+                self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
+                               batch, head, row0, valid_rows, group_tidx)
+        cute.arch.sync_threads()  # the A tile, Kp and Vp complete
+        if cutlass.const_expr(recompute):
+            if first_group:
+                product_of_group(wu_mma, sA, sKp, sOutW, chunk_rows(mW, batch, head, row0, C), valid_rows,
+                                 group_tidx, GROUP_BARRIERS[0])
+            else:
+                product_of_group(wu_mma, sA, sVp, sOutU, chunk_rows(mU, batch, head, row0, C), valid_rows,
+                                 group_tidx, GROUP_BARRIERS[1])
+        if cutlass.const_expr(self.config.persistent):
+            cute.arch.sync_threads()  # q's buffer holds the W staging tile until group 0 has stored it
+
+    @cute.jit
+    def one_group_tile(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, ops: cutlass.Constexpr,
+                       scale: cutlass.Float32, batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
+                       valid_rows: cutlass.Int32, rV: cute.Tensor, rBeta: cute.Tensor,
+                       next_tile: cutlass.Constexpr = None):
+        """Phases 2-4 with 4 warps, each warp in every phase.
 
         With `next_tile` = (valid, batch, head, row0, rows), the next tile's loads are issued as soon
         as their buffers are free: q after the intra phase when QG is off, the rest after the gate rows."""
@@ -337,7 +422,7 @@ class FusedForward:
         if cutlass.const_expr(recompute):
             rA = self.akk_rows_from_smem(sX, tidx)
             cute.arch.sync_threads()  # every thread has read sX and sL: the work region is free
-            store_akk(rA, sA, valid_rows, tidx, self.num_threads)
+            store_akk(rA, sA, valid_rows, tidx, GROUP_THREADS)
             self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
                            batch, head, row0, valid_rows, tidx)
         cute.arch.sync_threads()  # q, k, g, beta and rV are consumed
@@ -354,7 +439,7 @@ class FusedForward:
         """v of this thread's gate_row rows (t // 16 + 8p, columns 8 (t % 16) ..) -> rV, clamped to row
         valid_rows - 1 as in the standalone recompute; invariant 16-byte loads, all in flight."""
         col_tiles = self.head_v // VEC
-        rows_per_pass = self.num_threads // col_tiles
+        rows_per_pass = GROUP_THREADS // col_tiles
         ld_io = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), self.io, num_bits_per_copy=128, invariant=True)
         for p in cutlass.range_constexpr(cute.size(rV, mode=[0])):
             src_row = row0 + min(tidx // col_tiles + p * rows_per_pass, valid_rows - 1)
@@ -365,7 +450,7 @@ class FusedForward:
     def akk_rows_from_smem(self, sX: cute.Tensor, tidx: cutlass.Int32):
         """The Akk rows `store_akk` expects (thread t: column tile t % 8 of rows t // 8 + 16p)."""
         chunks_per_row = self.chunk // VEC
-        rows_per_pass = self.num_threads // chunks_per_row
+        rows_per_pass = GROUP_THREADS // chunks_per_row
         rA = row_fragments(self.chunk // rows_per_pass, self.io)
         for p in cutlass.range_constexpr(self.chunk // rows_per_pass):
             row = tidx // chunks_per_row + p * rows_per_pass
@@ -380,7 +465,7 @@ class FusedForward:
         """`gate_row` for this thread's rows t // 16 + 8p, columns 8 (t % 16) .., operands from smem."""
         f32, io = cutlass.Float32, self.io
         col_tiles = self.head_k // VEC
-        rows_per_pass = self.num_threads // col_tiles
+        rows_per_pass = GROUP_THREADS // col_tiles
         col_tile = tidx % col_tiles
         dQG = dKG  # never written without QG (mQG is then a small dummy)
         if cutlass.const_expr(self.output_qg):

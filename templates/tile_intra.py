@@ -32,6 +32,20 @@ WARP_GROUPS = (
     ((2, True, (2,)), (3, True, (3,))),
 )
 NUM_WARPS = len(WARP_GROUPS)
+# The same blocks over 8 warps (the fused kernel's 8-warp configurations). A block's bits do not depend
+# on the warp or on the other blocks of its group: each has its own accumulator chain over d, and the
+# shared A-side operand of a group is the same value whichever group computes it.
+WARP_GROUPS_8 = (
+    ((3, False, (0, 1)),),
+    ((3, False, (2,)),),
+    ((2, False, (0, 1)),),
+    ((1, False, (0,)),),
+    ((0, True, (0,)),),
+    ((1, True, (1,)),),
+    ((2, True, (2,)),),
+    ((3, True, (3,)),),
+)
+SCHEDULES = {len(WARP_GROUPS): WARP_GROUPS, len(WARP_GROUPS_8): WARP_GROUPS_8}  # by warps per CTA
 
 
 def padded_pitch(dtype, cols: int) -> int:
@@ -95,16 +109,17 @@ def beta_row(value, row: cutlass.Int32, valid_rows: cutlass.Int32) -> cutlass.Fl
 @cute.jit
 def intra_tile(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor,
                sBeta: cute.Tensor, dAqk: cute.Tensor, dL: cute.Tensor, warp_idx: cutlass.Int32,
-               lane: cutlass.Int32, valid_rows: cutlass.Int32, scale: cutlass.Float32):
-    """All blocks of one tile, warps 0..3 each running its static WARP_GROUPS list.
+               lane: cutlass.Int32, valid_rows: cutlass.Int32, scale: cutlass.Float32,
+               schedule: cutlass.Constexpr = WARP_GROUPS):
+    """All blocks of one tile, warp w running its static list schedule[w] (WARP_GROUPS: 4 warps).
 
     dAqk, dL: [chunk, chunk] destinations (global or shared) of Aqk (io dtype) and L (fp32); rows
     >= valid_rows are not written. The caller synchronizes before and after.
     """
-    for w in cutlass.range_constexpr(NUM_WARPS):
+    for w in cutlass.range_constexpr(len(schedule)):
         if warp_idx == w:
-            for group in cutlass.range_constexpr(len(WARP_GROUPS[w])):
-                a, diagonal, col_blocks = WARP_GROUPS[w][group]
+            for group in cutlass.range_constexpr(len(schedule[w])):
+                a, diagonal, col_blocks = schedule[w][group]
                 if SUB * a < valid_rows:
                     row_block_group(tiled_mma, sQ, sK, sG, sBeta, dAqk, dL, lane, valid_rows, scale,
                                     a, diagonal, col_blocks)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
+from kdajit.templates.common import sync_group
+
 _RN = cute.math.RoundingMode.NEAREST_EVEN
 _PANEL = 4  # columns per panel: one 16-byte shared load of 4 fp32 L values per row
 NUM_WARPS = 4
@@ -72,9 +74,10 @@ def zero_rows_from(load_copy: cute.TiledCopy, sL: cute.Tensor, tidx: cutlass.Int
 
 @cute.jit
 def invert_tile(sL: cute.Tensor, sX: cute.Tensor, sX00: cute.Tensor, warp_idx: cutlass.Int32,
-                lane: cutlass.Int32):
-    """Steps 2-4 of templates/akk_inverse.py: sX = io((I + sL)^-1), io = sX's element type. The caller synchronizes
-    before (sL complete) and after (sX complete)."""
+                lane: cutlass.Int32, group: cutlass.Constexpr = None):
+    """Steps 2-4 of templates/akk_inverse.py: sX = io((I + sL)^-1), io = sX's element type, by warps 0-3.
+    The caller synchronizes before (sL complete) and after (sX complete). `group`: the barrier between
+    the steps (`sync_group`): None, the whole CTA; (id, 128) when other warps run other work meanwhile."""
     C = cute.size(sL, mode=[0])
     half = C // 2
     sChain = chain_states_view(sL)
@@ -86,11 +89,11 @@ def invert_tile(sL: cute.Tensor, sX: cute.Tensor, sX00: cute.Tensor, warp_idx: c
     if warp_idx == 3:
         for s in cutlass.range_constexpr(half):
             sX[s, half + lane] = sX.element_type(0.0)
-    cute.arch.sync_threads()
+    sync_group(group)
 
     # 3. X10 chains over s < half, half / NUM_WARPS rows per warp.
     lower_left_prefix(sL, sX00, sChain, lane, warp_idx)
-    cute.arch.sync_threads()
+    sync_group(group)
 
     # 4. X10: continue those chains over s >= half and finalize.
     if warp_idx == 2:

@@ -19,6 +19,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warp
 
+from kdajit.templates.common import sync_group
+
 VEC = 8  # columns per thread access: 16 bytes of bf16 / fp16 (two 16-byte loads for the fp32 gate)
 NUM_WARPS = 4
 
@@ -139,16 +141,31 @@ def products_w_u(tiled_mma: cute.TiledMma, sA: cute.Tensor, sKp: cute.Tensor, sV
                  valid_rows: cutlass.Int32, tidx: cutlass.Int32):
     """W = Akk @ Kp, then U = Akk @ Vp (sOutW/sOutU alias sKp/sVp); the caller synchronizes before."""
     tCrA = load_akk_fragments(tiled_mma, sA, tidx)
-    s2r_B = cute.make_tiled_copy_B(
-        cute.make_copy_atom(warp.LdMatrix8x8x16bOp(True, 4), sKp.element_type), tiled_mma)
+    s2r_B = b_operand_copy(tiled_mma, sKp.element_type)
     product(tiled_mma, s2r_B, tCrA, sKp, sOutW, dW, valid_rows, tidx)
     product(tiled_mma, s2r_B, tCrA, sVp, sOutU, dU, valid_rows, tidx)
 
 
 @cute.jit
+def product_of_group(tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, sOut: cute.Tensor,
+                     dOut: cute.Tensor, valid_rows: cutlass.Int32, tidx: cutlass.Int32, group: cutlass.Constexpr):
+    """One of W = Akk @ Kp, U = Akk @ Vp by one group of 4 warps (`tidx` its thread index 0..127, `group`
+    its named barrier) while another group computes the other: the same `product` as `products_w_u`."""
+    product(tiled_mma, b_operand_copy(tiled_mma, sB.element_type), load_akk_fragments(tiled_mma, sA, tidx), sB,
+            sOut, dOut, valid_rows, tidx, group)
+
+
+def b_operand_copy(tiled_mma: cute.TiledMma, dtype) -> cute.TiledCopy:
+    """ldmatrix (transposed) of the B operand tiles Kp, Vp."""
+    return cute.make_tiled_copy_B(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(True, 4), dtype), tiled_mma)
+
+
+@cute.jit
 def product(tiled_mma: cute.TiledMma, s2r_B: cute.TiledCopy, tCrA: cute.Tensor, sB: cute.Tensor,
-            sOut: cute.Tensor, dOut: cute.Tensor, valid_rows: cutlass.Int32, tidx: cutlass.Int32):
-    """dOut rows < valid_rows = io_RN(Akk @ B) (io: dOut's element type), staged through sOut (which aliases sB)."""
+            sOut: cute.Tensor, dOut: cute.Tensor, valid_rows: cutlass.Int32, tidx: cutlass.Int32,
+            group: cutlass.Constexpr = None):
+    """dOut rows < valid_rows = io_RN(Akk @ B) (io: dOut's element type), staged through sOut (which aliases sB).
+    `group`: the barrier of the warps that read sB (`sync_group`; None: the whole CTA)."""
     thr_mma = tiled_mma.get_slice(tidx)
     tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
     thr_s2r_B = s2r_B.get_slice(tidx)
@@ -161,7 +178,7 @@ def product(tiled_mma: cute.TiledMma, s2r_B: cute.TiledCopy, tCrA: cute.Tensor, 
         cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
     rOut = cute.make_rmem_tensor_like(acc, dOut.element_type)
     rOut.store(acc.load().to(dOut.element_type))
-    cute.arch.sync_threads()  # every warp has finished reading sB: it becomes the staging tile
+    sync_group(group)  # every warp has finished reading sB: it becomes the staging tile
     cute.autovec_copy(rOut, thr_mma.partition_C(sOut))
     # Warp w's accumulator rows are 16w .. 16w+15 (MMA atoms 4x1x1 along M), and it copies out
     # exactly those rows: a warp barrier orders the staging.

@@ -216,7 +216,7 @@ def test_head_size_256_prunes_the_configurations_sized_for_two_ctas_per_sm():
     buildable, pruned = tuner.candidates(spec)
     assert buildable[0] == REF and pruned
     assert all(c.persistent and c.ctas_per_sm == 2 for c in pruned)
-    assert [c for c in FUSED_CONFIG_SPACE if c.persistent and c.ctas_per_sm == 1] == buildable[1:]
+    assert [c for c in FUSED_CONFIG_SPACE if c.ctas_per_sm == 1 or not c.persistent] == buildable
     assert tuner.candidates(dataclasses.replace(SPEC, head_k=64, head_v=64, io_dtype="fp16"))[1] == []
 
 
@@ -228,7 +228,7 @@ def test_malformed_or_foreign_records_are_refused_with_the_reason(cache_root):
     with pytest.raises(ValueError, match="not in today's configuration space"):
         TuningRecord.from_json({**doc, "winner": dataclasses.asdict(FusedConfig(True, 4, "head", 0))})
     # Equal to a space member under ==, but another kernel's cache path: refused, never half-used.
-    loose = {"persistent": 1, "ctas_per_sm": 2.0, "raster": "chunk", "loads_ahead": 0}
+    loose = {"persistent": 1, "ctas_per_sm": 2.0, "raster": "chunk", "loads_ahead": 0, "warps": 4}
     with pytest.raises(ValueError, match="config.persistent=1 must be a bool"):
         TuningRecord.from_json({**doc, "winner": loose})
     with pytest.raises(ValueError, match="spec.head_k=128.0 must be a int"):
