@@ -306,8 +306,9 @@ class FusedForward:
                       rows)
             load_rows(copy_g, chunk_rows(mG, batch, head, row0, self.chunk), sG, cTile, tidx, rows)
         cute.arch.cp_async_commit_group()
-        if cutlass.const_expr(loads and parts != "q" and self.config.warps == 4):  # 8 warps: in compute_tile_w8
-            self.load_v_rows(mV, batch, head, row0, rows, tidx, rV)
+        if cutlass.const_expr(loads and parts != "q"):
+            if cutlass.const_expr(self.config.warps == 4):  # 8 warps: group 1 loads v in two_group_tile
+                self.load_v_rows(mV, batch, head, row0, rows, tidx, rV)
             # The raw value only: converting it here would wait for the load, and the barrier after
             # the gate rows would make every warp wait with it.
             rBeta[0] = mBeta[batch, row0 + min(tidx % self.chunk, rows - 1), head]
