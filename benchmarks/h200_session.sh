@@ -5,7 +5,8 @@
 # FLA-ratio accuracy runs), core_fla (core and dslfree, the FLA tests in the background),
 # suite (demo + the GPU suite but the fused and FLA-backend files, which have their own stages), fused
 # (fused-kernel GPU tests), bench (bench_forward, every row, with --plot),
-# benchmain (the two main rows, every fused configuration; BENCH_ROWS, BENCH_CONFIGS, BENCH_LIMIT), phases (fused_phases, objects from the
+# benchmain (the two main rows, every fused configuration; BENCH_ROWS, BENCH_CONFIGS, BENCH_LIMIT), benchcov
+# (the coverage rows, tile configurations), phases (fused_phases, objects from the
 # tarball), dslfree (benchmarks/dsl_free_load.py), host (bench_host), tune (kdajit tune at the two
 # tuning-evidence shapes), fla (FLA-backend GPU tests and bench), flabench (bench_fla_backend alone),
 # stress (determinism replays), stressrest (stress but the bf16 run), stress10m_fla (the 10M run beside
@@ -82,6 +83,9 @@ run_stage() {
     benchmain)
       stage benchmain "${BENCH_LIMIT:-150}" python3 benchmarks/bench_forward.py --rows "${BENCH_ROWS:-main}" \
         --configs "${BENCH_CONFIGS:-all}" --json "$out/benchmain.json" ;;
+    benchcov)  # issue 9's coverage rows, with the tile configurations of 4 and 8 warps (precompiled)
+      stage benchcov "${BENCH_LIMIT:-150}" python3 benchmarks/bench_forward.py --rows coverage --configs tile,tile-w8 \
+        --json "$out/benchcov.json" ;;
     phases)
       stage phases 240 python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases --json "$out/phases.json" ;;
     dslfree)  # a cached fused kernel linked into a shared library and run through TVM-FFI alone (no DSL import)
