@@ -25,7 +25,7 @@ VARIANTS = {  # name: phases kept
     "compute-only": ("intra", "inverse", "recompute"),
     "intra+inverse": ("intra", "inverse"),
 }
-CONFIGS = {"tile": dict(), "persistent-c2-chunk-a1": dict(persistent=True, ctas_per_sm=2, loads_ahead=1)}
+CONFIGS = {"tile": dict(), "tile-w8": dict(warps=8)}
 
 
 def variant_kernel(config_name: str, phases: tuple[str, ...]):

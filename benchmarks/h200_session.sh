@@ -3,7 +3,8 @@
 #   bash benchmarks/h200_session.sh STAGE...        (carry .gpu, and .gpu-cache/cpu.tar.xz if present)
 # Stages: tests (demo + the whole GPU suite), core (tests without the FLA-backend file and the
 # FLA-ratio accuracy runs), core_fla (core and dslfree, the FLA tests in the background),
-# suite (demo + the GPU suite but the fused and FLA-backend files, which have their own stages), fused
+# flatests (the FLA-backend tests and the FLA-ratio coverage tests), suite (demo + the GPU suite but the fused
+# and FLA-backend files, which have their own stages), fused
 # (fused-kernel GPU tests), bench (bench_forward, every row, with --plot),
 # benchmain (the two main rows, every fused configuration; BENCH_ROWS, BENCH_CONFIGS, BENCH_LIMIT), benchcov
 # (the coverage rows, tile configurations), phases (fused_phases, objects from the
@@ -61,17 +62,16 @@ run_stage() {
       stage demo 120 python3 -m kdajit demo
       stage core 300 python3 -m pytest -q -m gpu -rfE --durations=10 tests --ignore=tests/test_gpu_fla_backend.py \
         -k "not accuracy_within_contract_factor_of_fla" ;;
-    core_fla)  # core and dslfree, with the FLA-backend tests and the coverage specializations' FLA-ratio tests
-      # (CPU-bound Triton compiles) beside them in the background; their kernels only perturb CTA placement,
-      # which the bitwise tests must survive anyway
+    flatests)  # the FLA-backend tests and the coverage specializations' FLA-ratio tests (CPU-bound Triton compiles)
       stage fla_tests "${FLA_LIMIT:-450}" python3 -m pytest -q -m gpu -rfE --durations=8 \
-        tests/test_gpu_fla_backend.py tests/test_gpu_coverage.py -k "fla" &
-      stage demo 120 python3 -m kdajit demo
-      stage core 400 python3 -m pytest -q -m gpu -rfE --durations=10 tests --ignore=tests/test_gpu_fla_backend.py \
-        -k "not accuracy_within_contract_factor_of_fla"
-      stage dslfree 90 python3 benchmarks/dsl_free_load.py --json "$out/dsl_free.json"
-      wait
+        tests/test_gpu_fla_backend.py tests/test_gpu_coverage.py -k "fla"
       save_triton_cache ;;
+    core_fla)  # core and dslfree, with flatests beside them in the background; its kernels only perturb CTA
+      # placement, which the bitwise tests must survive anyway
+      run_stage flatests &
+      run_stage core
+      stage dslfree 90 python3 benchmarks/dsl_free_load.py --json "$out/dsl_free.json"
+      wait ;;
     suite)
       stage demo 120 python3 -m kdajit demo
       stage suite 330 python3 -m pytest -q -m gpu -rfE --durations=15 tests --ignore=tests/test_gpu_fused.py \
