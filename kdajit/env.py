@@ -13,7 +13,7 @@
 | KDAJIT_VALIDATE | `full` (also checks cu_seqlens values: one small device-to-host copy) or `shapes` | full |
 | KDAJIT_COMPILE_WORKERS | default number of `kdajit precompile` worker processes (`-j`) | min(2, CPUs) |
 | KDAJIT_FLA_BACKEND | 1: `import kdajit` registers and enables kdajit as FLA's "kda" backend | 0 |
-| KDAJIT_FORWARD_ROUTE | `auto` (the fused kernel where the arch has one) or `standalone` (intra + inverse + recompute; same bits) | auto |
+| KDAJIT_FORWARD_ROUTE | `auto` (the fused kernel where the arch has one, at K = V <= 128; the standalone kernels at 256, where they are faster) or `standalone` (intra + inverse + recompute; same bits) | auto |
 | KDAJIT_AUTOTUNE | `off` (reference configuration), `cached` (a stored tuning record, else the reference), `on` (tune a workload bucket without a record on first use), `force` (re-time every candidate on first use) | cached |
 | KDAJIT_STRICT_BITWISE | 1: a tuning candidate whose outputs differ from the reference configuration's raises instead of being excluded with a warning | 0 |
 | KDAJIT_CACHE_RO_DIRS | read-only cache layers searched after the writable root for kernels and tuning records (`os.pathsep`-separated; listing one trusts its native code) | - |

@@ -143,3 +143,18 @@ def test_environment_switch_at_import():
         assert "enabled True" in done.stdout
     else:
         assert "enabled False" in done.stdout and "KDAJIT_FLA_BACKEND=1" in done.stderr
+
+
+def test_fla_version_is_looked_up_once(monkeypatch):
+    """Each importlib.metadata lookup scans the installed distributions; the verifiers run on every
+    dispatched call, so the version is looked up once per process."""
+    import importlib.metadata
+
+    calls = []
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: calls.append(name) or "0.6.0")
+    kdajit_fla._fla_version.cache_clear()
+    try:
+        assert kdajit_fla._fla_version() == kdajit_fla._fla_version() == "0.6.0"
+        assert calls == ["fla-core"]
+    finally:
+        kdajit_fla._fla_version.cache_clear()

@@ -58,10 +58,17 @@ def varlen_inputs(lengths, H, beta_dtype, index_dtype=torch.int32):
     return reference.make_inputs(1, sum(lengths), H, beta_dtype=beta_dtype, cu_seqlens=cu, device="cuda"), cu
 
 
-def test_forward_runs_the_fused_kernel():
-    problem = kdajit.validate.Problem(1, 64, 1, 128, 128, 64, "bf16", "dense", "bf16", 1)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_forward_runs_the_fused_kernel_up_to_head_size_128(head_dim):
+    """`forward` picks the fused kernel at K = V <= 128 and the standalone kernels at 256 (faster there); a
+    given fused configuration still runs the fused kernel at 256 (the tests and the tuner use that)."""
+    problem = kdajit.validate.Problem(1, 64, 1, head_dim, head_dim, 64, "bf16", "dense", "bf16", 1)
     kernels = api._kernels(problem, 64, False, torch.cuda.current_device(), intra=True, recompute=True)
-    assert kernels.fused is not None and kernels.intra is None
+    fused = head_dim in api.AUTO_FUSED_HEAD_DIMS
+    assert (kernels.fused is not None, kernels.intra is not None) == (fused, not fused), kernels
+    forced = api._kernels(problem, 64, False, torch.cuda.current_device(), intra=True, recompute=True,
+                          fused_config=FusedConfig())
+    assert forced.fused is not None and forced.intra is None
 
 
 @pytest.mark.parametrize("output_qg", [False, True], ids=["no_qg", "qg"])
