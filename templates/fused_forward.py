@@ -337,15 +337,9 @@ class FusedForward:
         sQ, sK, sG, sBeta, sL, sX00, sX, sA, sKp, sVp, sOutW, sOutU = smem
         intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma = ops
         C = self.chunk
-        tidx, _, _ = cute.arch.thread_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        lane = cute.arch.lane_idx()
+        tidx, warp_idx, lane = self.loads_landed(sBeta, rBeta, valid_rows)
         group_tidx = tidx % GROUP_THREADS
         first_group = warp_idx < GROUP_THREADS // 32
-        cute.arch.cp_async_wait_group(0)
-        if tidx < C:
-            sBeta[tidx] = beta_row(rBeta[0], tidx, valid_rows)
-        cute.arch.sync_threads()
 
         if cutlass.const_expr("intra" in self.phases):
             intra_tile(intra_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, C), sL, warp_idx,
@@ -392,15 +386,9 @@ class FusedForward:
         sQ, sK, sG, sBeta, sL, sX00, sX, sA, sKp, sVp, sOutW, sOutU = smem
         intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma = ops
         C = self.chunk
-        tidx, _, _ = cute.arch.thread_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        lane = cute.arch.lane_idx()
         ahead = cutlass.const_expr(next_tile is not None)
         q_early = cutlass.const_expr(ahead and not self.output_qg)
-        cute.arch.cp_async_wait_group(0)
-        if tidx < C:
-            sBeta[tidx] = beta_row(rBeta[0], tidx, valid_rows)
-        cute.arch.sync_threads()
+        tidx, warp_idx, lane = self.loads_landed(sBeta, rBeta, valid_rows)
 
         # 2. Intra: Aqk -> global, L -> smem; L rows >= valid_rows := +0.
         if cutlass.const_expr("intra" in self.phases):
@@ -433,6 +421,19 @@ class FusedForward:
         if cutlass.const_expr(recompute):
             products_w_u(wu_mma, sA, sKp, sVp, sOutW, sOutU, chunk_rows(mW, batch, head, row0, C),
                          chunk_rows(mU, batch, head, row0, C), valid_rows, tidx)
+
+    @cute.jit
+    def loads_landed(self, sBeta: cute.Tensor, rBeta: cute.Tensor, valid_rows: cutlass.Int32):
+        """Wait for this tile's cp.async loads, convert its beta (rBeta) into sBeta, synchronize the CTA;
+        returns (thread index, warp index, lane)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+        cute.arch.cp_async_wait_group(0)
+        if tidx < self.chunk:
+            sBeta[tidx] = beta_row(rBeta[0], tidx, valid_rows)
+        cute.arch.sync_threads()
+        return tidx, warp_idx, lane
 
     @cute.jit
     def load_v_rows(self, mV: cute.Tensor, batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
