@@ -294,12 +294,13 @@ class ForwardSpec:
 
     @property
     def uses_fused(self) -> bool:
-        """Whether `kdajit.forward` runs the fused kernel (one launch) for this spec."""
+        """Whether this spec's arch has the fused kernel (built, tuned, and what `kdajit.forward` runs at the
+        head sizes of `kdajit.api.AUTO_FUSED_HEAD_DIMS`; the standalone kernels are faster at the others)."""
         return self.arch in FUSED_ARCHS
 
     def kernel_keys(self) -> tuple[_KernelKey, ...]:
         """The reference-config keys of every kernel the API runs for this spec: the standalone
-        intra, inverse and recompute (`intra`, `recompute_w_u`, and `forward` off the fused archs)
-        and, on the fused archs, the fused kernel `forward` runs."""
+        intra, inverse and recompute (`intra`, `recompute_w_u`, and `forward` off the fused route)
+        and, on the fused archs, the fused kernel."""
         standalone = (self.intra_key(), self.inverse_key(), self.recompute_key())
         return standalone + ((self.fused_key(),) if self.uses_fused else ())

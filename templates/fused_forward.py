@@ -22,7 +22,7 @@ shared memory, so the A operand is bit-identical. Rows >= v hold values (clamped
 replaced by zero with a select or never stored, exactly as in the standalone kernels.
 
 With 8 warps (`FusedConfig.warps`, no QG, loads_ahead 0; `two_group_tile`) the same phases run on two
-groups of 4 warps: the intra blocks are spread over all 8 warps (tile_intra.SCHEDULES[8]); then group 0
+groups of 4 warps: the intra blocks are spread over all 8 warps (tile_intra.WARP_GROUPS_8); then group 0
 (warps 0-3) runs phase 3 and stages the A tile while group 1 (warps 4-7) loads v and computes the gate
 rows, writing Kp into q's buffer (q is consumed by then; the work region still holds L); then group 0
 multiplies and stores W while group 1 multiplies and stores U. Each group synchronizes on its own named
@@ -64,8 +64,8 @@ from kdajit.keys import (FUSED_ARCHS, FUSED_WARPS, HEAD_DIMS, LOADS_AHEAD, RASTE
                          FusedForwardKey)
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
                                     make_struct, qk_head, sync_group)
-from kdajit.templates.tile_intra import (SCHEDULES, beta_row, intra_tile, load_rows, make_intra_mma, make_row_copy,
-                                         padded_pitch, padded_tile_layout)
+from kdajit.templates.tile_intra import (WARP_GROUPS_8, beta_row, intra_tile, load_rows, make_intra_mma,
+                                         make_row_copy, padded_pitch, padded_tile_layout)
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_layout, make_akk_store_copy,
                                            make_l_load_copy, store_akk_rows, x00_layout, zero_rows_from)
 from kdajit.templates.tile_recompute import (VEC, RecomputeLayouts, gate_row, make_recompute_mma,
@@ -329,7 +329,7 @@ class FusedForward:
     def two_group_tile(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, ops: cutlass.Constexpr,
                        scale: cutlass.Float32, batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
                        valid_rows: cutlass.Int32, rV: cute.Tensor, rBeta: cute.Tensor):
-        """Phases 2-4 with 8 warps (no QG): the intra blocks over all 8 warps (SCHEDULES[8]); then group 0
+        """Phases 2-4 with 8 warps (no QG): the intra blocks over all 8 warps (WARP_GROUPS_8); then group 0
         (warps 0-3) inverts, stores Akk and stages the A tile while group 1 (warps 4-7) loads v and computes
         the gate rows (Kp into q's buffer, Vp, KG); then group 0 multiplies W while group 1 multiplies U.
         Every element comes from the same device function, on the same operands, as in `one_group_tile`."""
@@ -343,7 +343,7 @@ class FusedForward:
 
         if cutlass.const_expr("intra" in self.phases):
             intra_tile(intra_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, C), sL, warp_idx,
-                       lane, valid_rows, scale, SCHEDULES[8])
+                       lane, valid_rows, scale, WARP_GROUPS_8)
             zero_rows_from(l_copy, sL, tidx, valid_rows)
         cute.arch.sync_threads()  # L complete; q consumed (its buffer becomes Kp)
 

@@ -45,7 +45,6 @@ WARP_GROUPS_8 = (
     ((2, True, (2,)),),
     ((3, True, (3,)),),
 )
-SCHEDULES = {len(WARP_GROUPS): WARP_GROUPS, len(WARP_GROUPS_8): WARP_GROUPS_8}  # by warps per CTA
 
 
 def padded_pitch(dtype, cols: int) -> int:

@@ -32,14 +32,14 @@ PERSISTENT = FusedConfig(True, 1, "head", 1)
 VARLEN_LENGTHS = [1, 63, 65, 200, 130]
 
 
-def inputs(io, K, varlen):
+def inputs(io, K, varlen, H=3, group=1):
+    """(inputs, cu_seqlens): q, k with H heads, v, gk, beta with H * group (grouped value heads when group > 1)."""
     dtype = IO_TORCH_DTYPES[io]
+    dtypes = dict(beta_dtype=dtype, io_dtype=dtype, value_heads=H * group, device="cuda")
     if varlen:
         cu = torch.tensor([0] + VARLEN_LENGTHS, device="cuda").cumsum(0).to(torch.int32)
-        x = reference.make_inputs(1, sum(VARLEN_LENGTHS), 3, K, K, beta_dtype=dtype, io_dtype=dtype, cu_seqlens=cu,
-                                  device="cuda")
-        return x, cu
-    return reference.make_inputs(2, 300, 3, K, K, beta_dtype=dtype, io_dtype=dtype, device="cuda"), None
+        return reference.make_inputs(1, sum(VARLEN_LENGTHS), H, K, K, cu_seqlens=cu, **dtypes), cu
+    return reference.make_inputs(2, 300, H, K, K, **dtypes), None
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
@@ -86,19 +86,10 @@ GROUPED = [("bf16", 128, 2, 2), ("fp16", 64, 1, 4)]
 GROUPED_IDS = [f"{io}-K{K}-H{H}-HV{H * group}" for io, K, H, group in GROUPED]
 
 
-def grouped_inputs(io, K, H, group, varlen):
-    dtype = IO_TORCH_DTYPES[io]
-    dtypes = dict(beta_dtype=dtype, io_dtype=dtype, value_heads=H * group, device="cuda")
-    if varlen:
-        cu = torch.tensor([0] + VARLEN_LENGTHS, device="cuda").cumsum(0).to(torch.int32)
-        return reference.make_inputs(1, sum(VARLEN_LENGTHS), H, K, K, cu_seqlens=cu, **dtypes), cu
-    return reference.make_inputs(2, 300, H, K, K, **dtypes), None
-
-
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 @pytest.mark.parametrize("io, K, H, group", GROUPED, ids=GROUPED_IDS)
 def test_grouped_value_heads(seed, io, K, H, group, varlen):
-    x, cu = grouped_inputs(io, K, H, group, varlen)
+    x, cu = inputs(io, K, varlen, H, group)
     out = run(x, cu)
     assert out.Aqk.shape[2] == out.w.shape[2] == H * group
     ref = reference.forward_reference(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=True)
@@ -116,7 +107,7 @@ def test_grouped_value_heads(seed, io, K, H, group, varlen):
 def test_grouped_accuracy_within_contract_factor_of_fla(seed, io, K, H, group):
     """FLA's `chunk_kda_fwd_intra` takes grouped value heads too: the same inputs, its error, ours."""
     fla_intra = fla_intra_or_skip()
-    x, cu = grouped_inputs(io, K, H, group, False)
+    x, cu = inputs(io, K, False, H, group)
     out = run(x, cu)
     ref = reference.forward_reference(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=True)
     assert_within_fla_factor(fla_intra, x, cu, out, ref, what=f"grouped {io} K={K} H={H} HV={H * group}:")
