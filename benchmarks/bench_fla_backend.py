@@ -1,6 +1,6 @@
 """FLA's whole `chunk_kda` with and without the kdajit backend: time, and whether its output is prefix-stable.
 
-    python benchmarks/bench_fla_backend.py [--json out.json]
+    python benchmarks/bench_fla_backend.py [--json out.json] [--shapes 1x2048x8,2x8192x64] [--no-prefix]
 
 First the prefix check: rows of `o` for a prompt of T0 tokens vs the same prompt followed by more tokens,
 bit for bit, with the backend off and on (FLA's later stages decide whether the whole output is
@@ -28,6 +28,16 @@ def inputs(B: int, T: int, H: int, seed: int = 0, grad: bool = False):
     gate = -5.0 * torch.sigmoid(torch.randn(B, T, H, 128, device="cuda", generator=g))
     beta = torch.rand(B, T, H, device="cuda", generator=g).bfloat16()
     return [x.requires_grad_(grad) for x in (q, k, v, gate, beta)]
+
+
+def parse_shapes(text: str) -> tuple[tuple[int, int, int], ...]:
+    try:
+        shapes = tuple(tuple(int(n) for n in item.split("x")) for item in text.split(","))
+    except ValueError:
+        shapes = ()
+    if not shapes or any(len(shape) != 3 for shape in shapes):
+        raise argparse.ArgumentTypeError(f"--shapes {text!r}: expected BxTxH[,BxTxH...], e.g. 2x8192x64")
+    return shapes  # type: ignore[return-value]
 
 
 def time_shape(B: int, T: int, H: int) -> dict:
@@ -77,6 +87,9 @@ def prefix_stable(prompt: int, extra: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--shapes", type=parse_shapes, default=SHAPES,
+                        help="BxTxH shapes to time, comma-separated (default: 1x2048x8,2x8192x64)")
+    parser.add_argument("--no-prefix", action="store_true", help="skip the prefix-stability check")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_fla_backend needs a CUDA GPU")
@@ -92,13 +105,13 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=1)
 
-    for prompt, extra in ((70, 58), (1000, 37), (4096, 100)):
+    for prompt, extra in () if args.no_prefix else ((70, 58), (1000, 37), (4096, 100)):
         p = prefix_stable(prompt, extra)
         report("prefix", p, f"prefix {prompt} + {extra}: o rows bit-identical: FLA {p['fla_prefix_bitwise']}, "
                             f"with kdajit backend {p['kdajit_prefix_bitwise']}")
     print("| shape | FLA fwd ms | kdajit-backend fwd ms | ratio | FLA fwd+bwd ms | kdajit-backend fwd+bwd ms | ratio |")
     print("|---|---|---|---|---|---|---|", flush=True)
-    for shape in SHAPES:
+    for shape in args.shapes:
         r = time_shape(*shape)
         report("timings", r, f"| {r['B']} x {r['T']} x {r['H']} | {r['fla_fwd_ms']:.3f} | {r['kdajit_fwd_ms']:.3f} | "
                              f"{r['fla_fwd_ms'] / r['kdajit_fwd_ms']:.2f}x | {r['fla_fwd_bwd_ms']:.3f} | "

@@ -101,7 +101,8 @@ run_stage() {
       stage fla_bench 180 python3 benchmarks/bench_fla_backend.py --json "$out/fla_bench.json"
       save_triton_cache ;;
     flabench)
-      stage fla_bench "${FLABENCH_LIMIT:-240}" python3 benchmarks/bench_fla_backend.py --json "$out/fla_bench.json"
+      stage fla_bench "${FLABENCH_LIMIT:-240}" python3 benchmarks/bench_fla_backend.py --json "$out/fla_bench.json" \
+        ${FLABENCH_ARGS:-}
       save_triton_cache ;;
     stress10m_fla)  # the 10M bf16 run alone to completion, with the FLA-backend tests (CPU-bound Triton
       # compiles, little GPU time) beside it in the background: their kernels only perturb CTA placement
