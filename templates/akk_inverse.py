@@ -1,4 +1,4 @@
-"""Akk = (I + L)^-1 for one (chunk, head) tile per CTA: fp32 forward substitution on CUDA cores.
+"""Akk = (I + L)^-1 for one (chunk, head) tile per CTA: fp32 blocked inverse on CUDA cores.
 
 Math. L is the strictly lower fp32 workspace written by the intra kernel ([B, T, H, C], column =
 position in the chunk). For a tile with v = valid_rows rows, Akk is the inverse of I + L[:v, :v]:
@@ -6,44 +6,47 @@ unit lower triangular, exactly 1.0 on the diagonal and exactly +0.0 above it, ro
 the key's io dtype (bf16 or fp16). Every column of every valid row is written; rows >= v are
 neither read nor written. Columns j >= v of a valid row i < v lie above the diagonal, so they are 0.
 
-Arithmetic order (this fixes the bits; docs/numerics.md repeats it). Column j of X = Akk is
-    x_j = 1,  x_i = 0 (i < j),  x_i = -acc_ij (i > j), with a zero of either sign stored as +0.0,
-    acc_ij = fma(L[i,i-1], x_{i-1}, ... fma(L[i,j+1], x_{j+1}, L[i,j] * x_j) ...)
-i.e. one fp32 chain per (i, j) in ascending s = j .. i-1: `mul.rn.f32` for the first term, then
-`fma.rn.f32` for each further term (the same bits as fma chains from +0.0). Nothing else touches
-the values: no contraction, no reassociation, no tensor cores, no other rounding; the result is
-rounded to the io dtype once (cvt.rn). Signed zeros: every exact-zero result is stored as +0.0, so no bit
-depends on how a compiler treats the sign of a zero.
+Arithmetic order (this fixes the bits; docs/numerics.md repeats it). X = Akk in fp32, by blocks of 16 rows:
+1. Each 16 x 16 diagonal block X[b, b] = (I + L[b, b])^-1 by column forward substitution: column j,
+       x_j = 1,  x_i = 0 (i < j),  x_i = -acc_ij (i > j), with a zero of either sign stored as +0.0,
+       acc_ij = fma(L[i,i-1], x_{i-1}, ... fma(L[i,j+1], x_{j+1}, L[i,j] * x_j) ...)
+   one fp32 chain per (i, j) in ascending s = j .. i-1 inside the block: `mul.rn.f32` for the first term,
+   then `fma.rn.f32` for each further term.
+2. Doubling merges, S = 16 then 32: for each pair of inverted S-row diagonal blocks, rows a..a+S-1 and
+   u = a+S..a+2S-1,
+       T[i, j] = sum_k L[u+i, a+k] X[a+k, a+j],  k = 0 .. S-1 ascending (one fp32 chain as above),
+       X[u+i, a+j] = -(sum_k X[u+i, u+k] T[k, j]),  k = 0 .. i ascending (one fp32 chain), a zero as +0.0.
+   X[a.., a..] and X[u.., u..] are the unrounded fp32 results of the earlier steps.
+Nothing else touches the values: no contraction, no reassociation, no tensor cores, no other rounding; each
+Akk element is rounded to the io dtype once (cvt.rn). Signed zeros: every exact-zero result is stored as +0.0,
+so no bit depends on how a compiler treats the sign of a zero.
 Implementation details that leave the bits unchanged:
-- A chain may start before s = j, at s = 0 (columns 0..31) or 32 (columns 32..63), with x_s = +0.0
-  for s < j. For finite L those terms are exact zeros: the nonzero values of the chain are the
-  same, and zero results are normalized, so the bits equal the formula above. (A non-finite
-  L[i, s] with s < j would poison column j as well; L is finite by construction of the intra stage.)
-- The chain of a row i >= 32 in a column j < 32 is split at s = 32: its state after s = 31 is
-  written to shared memory as fp32 by one warp and continued by another. No rounding is added.
-- Rows >= v of L are replaced by 0 in shared memory. Row i < v only ever reads L[i, :i] and x_s
-  with s < i, so the result for valid rows is independent of v: a chunk gives the same bits in
-  dense mode, in varlen mode and in any batch.
+- T's chains include the terms k < j, where X[a+k, a+j] = +0 (above the diagonal). For finite L those
+  terms are exact zeros at the start of the chain: the nonzero values are the same, and zero results are
+  normalized, so the bits equal the formula above. (A non-finite L[u+i, a+k] with k < j would poison
+  T[i, j] as well: row u+i's own L.)
+- X[u+i, ..]'s chain is unrolled to the end of a group of 2-8 rows; its terms k > i are left out by a
+  select, never multiplied by 0, so a row never reads a later row's T, not even as 0 x inf.
+- Rows >= v of L are replaced by 0 in shared memory. Row i < v only ever reads L[i, :i], earlier rows of X
+  and of T, so the result for valid rows is independent of v: a chunk gives the same bits in dense mode, in
+  varlen mode and in any batch.
 
-Warp roles (4 warps, 128 threads; `KernelConfig.warps` must be 4). With 32-row blocks
-X = [[X00, 0], [X10, X11]], lane l of a warp owns column l (X00, X10) or 32 + l (X11):
+Warp roles (4 warps, 128 threads; `KernelConfig.warps` must be 4):
 1. all warps: L tile -> smem (rows < v by 16-byte coalesced loads, rows >= v as zeros).
-2. warp 0: X00 (columns 0..31, rows 0..31), also kept as fp32 in smem; warp 1: X11 (columns
-   32..63, rows 32..63), 496 FMAs per thread each; warp 3: zeros of the upper-right block.
-3. all warps: the s < 32 part of the chains of X10 (8 rows per warp, 256 FMAs per thread),
-   the chain states -> smem.
-4. warp 2: continues those chains over s = 32..63 and finalizes X10 (496 FMAs per thread).
+2. warp b: diagonal block b (lanes 0-15 one column each, ~120 FMAs per thread); lanes 16-31 write the +0
+   blocks above the diagonal blocks.
+3. S = 16: warps 0-1 merge blocks 0 and 1, warps 2-3 blocks 2 and 3 (lane = column, 4 rows of T then
+   4 rows of X per thread).
+4. S = 32: all warps, lane = column, 8 rows of T then 8 rows of X per thread (256 + ~136 FMAs).
+   A barrier between T and X and between the steps.
 5. all warps: io-dtype tile (staged in smem) -> Akk rows < v with 16-byte stores.
-Solves are right-looking in 4-column panels: finalize x_s for the panel's own 4 rows (serial),
-then advance every lower row by 4 FMAs, with L[i, s0:s0+4] read by one broadcast 16-byte shared
-load. Register arrays are indexed by trace-time constants only. Why the 2x2 split: one warp per
-32 columns would leave the warp of columns 0..31 with ~3k of the tile's ~4k instructions, and the
-4 warps of a CTA run on the SM's 4 sub-partitions, so that warp would bound the whole SM. Split,
-three warps issue ~1.4-1.5k instructions per tile and the fourth ~0.6k, and the per-tile critical
-path is shorter.
+Blocked instead of a whole-tile substitution: the substitution's dependent chain is 64 steps long and
+its work sits on one or two warps at a time; here the chains are 16 steps long and the merges, most of
+the FMAs, are independent dot products spread over all four warps.
 
 Shared memory: L 64x64 fp32 (16 KiB) + X 64x64 16-bit (8 KiB) + X00 32x32 fp32 (4 KiB) = 28,672
-bytes per CTA; the 32x32 fp32 chain states of step 3 reuse L rows 0..15, dead after step 2.
+bytes per CTA. The fp32 X rows 0..31 live in X00; rows 32..63 and the merge products T live in L's upper
+triangle, and the last T in L's upper-left block once nothing reads it (templates/tile_inverse.py).
 
 Code: steps 2-5 are the per-tile functions of templates/tile_inverse.py, shared with the fused
 kernel; this file holds the standalone launch and step 1 (the global L load).
@@ -66,8 +69,8 @@ from kdajit.templates.tile_inverse import (NUM_WARPS, akk_tile_layout, invert_ti
 
 
 def inverse_smem_struct(chunk: int, io):
-    """The inverse kernel's shared memory: L (fp32), Akk (`io`: bf16 or fp16) and the X00 chain states
-    (fp32)."""
+    """The inverse kernel's shared memory: L (fp32), Akk (`io`: bf16 or fp16) and X's unrounded rows
+    0 .. C/2-1 (fp32)."""
     S = cute.struct
     return make_struct("InverseSmem", [
         ("l", S.Align[S.MemRange[cutlass.Float32, chunk * chunk], 16]),

@@ -4,10 +4,11 @@ Shared by `templates/akk_inverse.py` (L loaded from the global workspace) and
 `templates/fused_forward.py` (L written to shared memory by the intra phase). The method, the warp
 roles and the arithmetic order are documented in `templates/akk_inverse.py` and docs/numerics.md.
 
-Shared tensors (row-major, unpadded): sL [C, C] fp32 with rows >= valid_rows zero, read-only
-except rows 0..C/4-1, which step 3 reuses as chain-state storage (`chain_states_view`); sX [C, C]
-in the io dtype (bf16 or fp16), the result; sX00 [C/2, C/2] fp32, the upper-left block kept
-unrounded. 4 warps, 128 threads.
+Shared tensors (row-major, unpadded): sL [C, C] fp32 with rows >= valid_rows zero; its lower triangle
+is read-only, its upper triangle (never L data) holds the unrounded X rows of the lower half and the
+merge products, and the last merge's product reuses the top half's L (`fp32_x`, `product_view`);
+sX [C, C] in the io dtype (bf16 or fp16), the result; sX00 [C/2, C/2] fp32, the unrounded X rows of
+the upper half. 4 warps, 128 threads.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from kdajit.templates.common import sync_group
 
 _RN = cute.math.RoundingMode.NEAREST_EVEN
 _PANEL = 4  # columns per panel: one 16-byte shared load of 4 fp32 L values per row
+BLOCK = 16  # rows of the diagonal blocks inverted by forward substitution
 NUM_WARPS = 4
 
 
@@ -35,12 +37,6 @@ def x00_layout(chunk: int):
     """The fp32 upper-left block X00."""
     half = chunk // 2
     return cute.make_layout((half, half), stride=(half, 1))
-
-
-def chain_states_view(sL: cute.Tensor) -> cute.Tensor:
-    """X10 chain states (step 3 -> 4) in L rows 0..C/4-1: after step 2 nothing reads L rows < C/2."""
-    half = cute.size(sL, mode=[0]) // 2
-    return cute.make_tensor(sL.iterator, cute.make_layout((half, half), stride=(half, 1)))
 
 
 def make_l_load_copy(num_threads: int) -> cute.TiledCopy:
@@ -77,30 +73,43 @@ def invert_tile(sL: cute.Tensor, sX: cute.Tensor, sX00: cute.Tensor, warp_idx: c
                 lane: cutlass.Int32, group: cutlass.Constexpr = None):
     """Steps 2-4 of templates/akk_inverse.py: sX = io((I + sL)^-1), io = sX's element type, by warps 0-3.
     The caller synchronizes before (sL complete) and after (sX complete). `group`: the barrier between
-    the steps (`sync_group`): None, the whole CTA; (id, 128) when other warps run other work meanwhile."""
+    the steps (`sync_group`): None, the whole CTA; (id, 128) when other warps run other work meanwhile.
+    sL is clobbered: its upper triangle holds fp32 X blocks and products (`fp32_x`, `product_view`)."""
     C = cute.size(sL, mode=[0])
-    half = C // 2
-    sChain = chain_states_view(sL)
-    # 2. Diagonal blocks X00 (kept in fp32 for step 3) and X11; zero upper-right block.
-    if warp_idx == 0:
-        forward_substitute(sL, sX, sX00, lane, [None] * C, 0, half, True)
-    if warp_idx == 1:
-        forward_substitute(sL, sX, None, half + lane, [None] * C, half, C, True)
-    if warp_idx == 3:
-        for s in cutlass.range_constexpr(half):
-            sX[s, half + lane] = sX.element_type(0.0)
+    blocks = C // BLOCK
+    # 2. The 16 x 16 diagonal blocks by forward substitution, one warp each (lanes 0-15: one column
+    #    each); lanes 16-31 write the zeros above the diagonal blocks.
+    for b in cutlass.range_constexpr(blocks):
+        if warp_idx == b:
+            if lane < BLOCK:
+                forward_substitute(sL, sX, fp32_x(sL, sX00, b * BLOCK), b * BLOCK + lane, [None] * C,
+                                   b * BLOCK, b * BLOCK + BLOCK, True)
+            else:
+                zero_upper_blocks(sX, sX00, zero_tasks(C)[b::blocks], lane - BLOCK)
     sync_group(group)
 
-    # 3. X10 chains over s < half, half / NUM_WARPS rows per warp.
-    lower_left_prefix(sL, sX00, sChain, lane, warp_idx)
-    sync_group(group)
-
-    # 4. X10: continue those chains over s >= half and finalize.
-    if warp_idx == 2:
-        acc = [None] * C
-        for i in cutlass.range_constexpr(half, C):
-            acc[i] = sChain[i - half, lane]
-        forward_substitute(sL, sX, None, lane, acc, half, C, False)
+    # 3.-4. Doubling merges: for each pair of size-S diagonal blocks (rows a.., then u = a + S..),
+    #    T = L[u, a] X[a, a], then X[u, a] = -(X[u, u] T); S = 16, 32.
+    for level in cutlass.range_constexpr(merge_levels(C)):
+        S = BLOCK << level
+        pairs = C // (2 * S)
+        warps_per_pair = NUM_WARPS // pairs
+        groups = warps_per_pair * (32 // S)
+        for p in cutlass.range_constexpr(pairs):
+            if warp_idx // warps_per_pair == p:
+                a = 2 * p * S
+                row_group = (warp_idx % warps_per_pair) * (32 // S) + lane // S
+                left_product(sL, fp32_x(sL, sX00, a), product_view(sL, a, S), a, S, groups, row_group, lane % S)
+        sync_group(group)
+        for p in cutlass.range_constexpr(pairs):
+            if warp_idx // warps_per_pair == p:
+                a = 2 * p * S
+                row_group = (warp_idx % warps_per_pair) * (32 // S) + lane // S
+                keep = fp32_x(sL, sX00, a + S) if 2 * S < C else None
+                right_product(sX, fp32_x(sL, sX00, a + S), keep, product_view(sL, a, S), a, S, groups,
+                              row_group, lane % S)
+        if level + 1 < merge_levels(C):
+            sync_group(group)
 
 
 @cute.jit
@@ -147,25 +156,87 @@ def forward_substitute(sL, sX, sXf, col, acc, begin, end, on_diagonal):
                 acc[i] = chain_step(acc[i], sL[i, s0 + k], x[k])
 
 
-def lower_left_prefix(sL, sX00, sChain, lane, warp_idx):
-    """Chains of X10 rows [half + rows * warp_idx, +rows), column `lane`, over s = 0 .. half-1
-    (x_s from the fp32 X00), stored to sChain[i - half, lane]; rows = half / NUM_WARPS."""
-    half = cute.size(sX00, mode=[0])
-    rows = half // NUM_WARPS
-    x = [None] * half
-    for s in range(half):
-        x[s] = sX00[s, lane]
-    first = warp_idx * rows
-    sL_rows = cute.domain_offset((half + first, 0), sL)
-    sChain_rows = cute.domain_offset((first, 0), sChain)
-    acc = [None] * rows
-    for p in range(half // _PANEL):
-        for r in range(rows):
-            for k in range(_PANEL):
-                s = p * _PANEL + k
-                acc[r] = chain_step(acc[r], sL_rows[r, s], x[s])
-    for r in range(rows):
-        sChain_rows[r, lane] = acc[r]
+class _Shifted:
+    """A view t[r, c] = base[r - row0, c - col0] (absolute tile coordinates onto a buffer)."""
+
+    def __init__(self, base, row0: int, col0: int) -> None:
+        self.base, self.row0, self.col0 = base, row0, col0
+
+    def __getitem__(self, rc):
+        return self.base[rc[0] - self.row0, rc[1] - self.col0]
+
+    def __setitem__(self, rc, value) -> None:
+        self.base[rc[0] - self.row0, rc[1] - self.col0] = value
+
+
+def merge_levels(chunk: int) -> int:
+    """Doubling merges from BLOCK-row diagonal blocks to the whole tile (2 at chunk 64, 1 at 32)."""
+    assert chunk in (32, 64), chunk
+    return (chunk // BLOCK).bit_length() - 1
+
+
+def fp32_x(sL, sX00, row: int):
+    """Where the unrounded X rows of the half holding tile row `row` live, in tile coordinates:
+    rows < C/2 in sX00; rows >= C/2 (columns >= C/2) in sL's upper-right block, sL[r - C/2, c]."""
+    half = cute.size(sL, mode=[0]) // 2
+    return sX00 if row < half else _Shifted(sL, half, 0)
+
+
+def product_view(sL, a: int, S: int):
+    """T = L[u, a] X[a, a] of the pair of size-S blocks at rows a (u = a + S), as T[i, j] (i, j < S): in
+    sL[a:a+S, u:u+S] (above the diagonal, never L data) below the last level; at the last level
+    (S = C/2) in sL[0:S, 0:S], the top half's L, dead once the earlier levels have read it."""
+    if 2 * S < cute.size(sL, mode=[0]):
+        return _Shifted(sL, -a, -(a + S))
+    return sL
+
+
+def zero_tasks(chunk: int) -> list:
+    """The BLOCK x BLOCK blocks above the diagonal blocks that must hold +0: all of io X's upper
+    blocks, and fp32 X's upper blocks in the top half (read as X[a, a] by the last level's product)."""
+    blocks = chunk // BLOCK
+    upper = [(r, c) for r in range(blocks) for c in range(r + 1, blocks)]
+    return [("io", r, c) for r, c in upper] + [("fp32", r, c) for r, c in upper if c < blocks // 2]
+
+
+def zero_upper_blocks(sX, sX00, tasks, col):
+    """Column `col` of each task's block := +0."""
+    for kind, r, c in tasks:
+        target = sX if kind == "io" else sX00
+        for s in range(BLOCK):
+            target[r * BLOCK + s, c * BLOCK + col] = target.element_type(0.0)
+
+
+def left_product(sL, x_top, product, a, S, groups, row_group, col):
+    """product[i, col] = sum_k L[a+S+i, a+k] X[a+k, a+col] over k = 0 .. S-1 ascending (one fp32 chain;
+    the terms k < col multiply X's +0 above the diagonal), for rows i = groups * m + row_group."""
+    u = a + S
+    x = [x_top[a + k, a + col] for k in range(S)]
+    for m in range(S // groups):
+        i = groups * m + row_group
+        acc = None
+        for k in range(S):
+            acc = chain_step(acc, sL[u + i, a + k], x[k])
+        product[i, col] = acc
+
+
+def right_product(sX, x_bottom, keep, product, a, S, groups, row_group, col):
+    """X[u+i, a+col] = -(sum_k X[u+i, u+k] product[k, col] over k = 0 .. i ascending), u = a + S, a zero
+    stored as +0, for rows i = groups * m + row_group: to sX (io dtype) and, when `keep` is given, to
+    keep (fp32, read by the next level). The chain runs to the group's last row with the terms k > i
+    left out by a select, so a row never reads a later row's product (not even as 0 x inf)."""
+    u = a + S
+    t = [product[k, col] for k in range(S)]
+    for m in range(S // groups):
+        i = groups * m + row_group
+        acc = None
+        for k in range(groups * m + groups):
+            term = chain_step(acc, x_bottom[u + i, u + k], t[k])
+            acc = term if k <= groups * m else cutlass.Float32(cutlass.select_(i >= k, term, acc))
+        x = finalize(acc, col, i, False)
+        sX[u + i, a + col] = x.to(sX.element_type)
+        if keep is not None:
+            keep[u + i, a + col] = x
 
 
 def chain_step(acc, l_is, x_s):
