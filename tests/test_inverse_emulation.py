@@ -1,0 +1,182 @@
+"""The inverse's per-tile code (`templates/tile_inverse.invert_tile`) run on the CPU, thread by thread.
+
+`invert_tile` is Python that CuTe DSL traces; its helpers emit straight-line code. Here the undecorated
+function runs in 128 Python threads (warp = thread // 32, lane = thread % 32) with numpy stand-ins for the
+device operations: fp32 `mul.rn` / `fma.rn` (the exact product in fp64, one rounding to fp32), `select`,
+and shared tensors that log every access per barrier interval. A barrier is a `threading.Barrier`. So the
+kernel's own indexing, block placement, merge order and barriers are checked without a GPU:
+- accuracy against fp64, exact +0 above the diagonal and exact 1 on it (a misplaced block or product fails);
+- no element written by one thread is read or written by another between two barriers (a missing barrier,
+  or two steps sharing storage, fails);
+- causal bits: rows < v are bit-identical whatever rows >= v hold, finite or not (a term of a later row, even
+  multiplied by 0, fails).
+The bits are the emulation's (fp64-then-fp32 fma can differ from a hardware fma in rare double roundings);
+the GPU tests compare the real kernels' bits across routes.
+"""
+import contextlib
+import threading
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from kdajit import compiler, reference
+
+compiler._cute()  # CuTe DSL with the arch pinned, before the template module imports it
+from kdajit.templates import tile_inverse  # noqa: E402
+
+C = 64
+THREADS = 32 * tile_inverse.NUM_WARPS
+
+
+class F32:
+    """An fp32 register value."""
+    __slots__ = ("v",)
+
+    def __init__(self, v):
+        self.v = np.float32(v.v if isinstance(v, F32) else v)
+
+    def __neg__(self):
+        return F32(-self.v)
+
+    def __eq__(self, other):
+        return bool(self.v == (other.v if isinstance(other, F32) else other))
+
+    def to(self, dtype):
+        return F32(self.v)  # the io rounding is left out: the tests read the fp32 values
+
+
+def _fma(a, b, c, rounding=None):
+    return F32(np.float32(np.float64(a.v) * np.float64(b.v) + np.float64(c.v)))
+
+
+def _mul(a, b, rounding=None):
+    return F32(np.float32(np.float64(a.v) * np.float64(b.v)))
+
+
+class SharedTile:
+    """A shared-memory tensor that records, per barrier interval, which thread wrote and read each element."""
+
+    def __init__(self, name: str, values: np.ndarray, state: threading.local, conflicts: list, lock):
+        self.name, self.values, self.shape = name, values, values.shape
+        self.state, self.conflicts, self.lock = state, conflicts, lock
+        self.accesses: dict = {}
+        self.element_type = F32
+
+    def _access(self, r: int, c: int, write: bool) -> None:
+        assert 0 <= r < self.shape[0] and 0 <= c < self.shape[1], (self.name, r, c)
+        thread, interval = self.state.thread, self.state.interval
+        with self.lock:
+            entry = self.accesses.setdefault((interval, r, c), [None, set()])
+            writer, readers = entry
+            if writer not in (None, thread) or (write and readers - {thread}):
+                self.conflicts.append((self.name, interval, r, c, thread, writer, sorted(readers)))
+            if write:
+                entry[0] = thread
+            else:
+                readers.add(thread)
+
+    def __getitem__(self, rc):
+        r, c = int(rc[0]), int(rc[1])
+        self._access(r, c, False)
+        return F32(self.values[r, c])
+
+    def __setitem__(self, rc, value):
+        r, c = int(rc[0]), int(rc[1])
+        self._access(r, c, True)
+        self.values[r, c] = value.v if isinstance(value, F32) else value
+
+
+@contextlib.contextmanager
+def emulated_device(barrier: threading.Barrier, state: threading.local):
+    """tile_inverse's module globals swapped for the stand-ins, restored afterwards."""
+    def sync_group(group=None):
+        barrier.wait()
+        state.interval += 1
+        barrier.wait()
+
+    stand_ins = {
+        "cute": types.SimpleNamespace(size=lambda t, mode: t.shape[mode[0]],
+                                      math=types.SimpleNamespace(mul=_mul, fma=_fma)),
+        "cutlass": types.SimpleNamespace(range_constexpr=range, Float32=F32,
+                                         select_=lambda cond, a, b: a if cond else b),
+        "sync_group": sync_group,
+    }
+    saved = {name: getattr(tile_inverse, name) for name in stand_ins}
+    for name, value in stand_ins.items():
+        setattr(tile_inverse, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(tile_inverse, name, value)
+
+
+def invert(L: np.ndarray) -> tuple[np.ndarray, list]:
+    """invert_tile on an fp32 L tile: (X in fp32, the access conflicts found)."""
+    state, lock, conflicts = threading.local(), threading.Lock(), []
+    sL = SharedTile("sL", L.astype(np.float32).copy(), state, conflicts, lock)
+    sX = SharedTile("sX", np.full((C, C), np.nan, np.float32), state, conflicts, lock)
+    sX00 = SharedTile("sX00", np.full((C // 2, C // 2), np.nan, np.float32), state, conflicts, lock)
+    barrier, errors = threading.Barrier(THREADS), []
+
+    def thread_body(thread: int) -> None:
+        state.thread, state.interval = thread, 0
+        try:
+            with np.errstate(invalid="ignore", over="ignore"):  # the non-finite cases; per thread in numpy 2
+                tile_inverse.invert_tile.__wrapped__(sL, sX, sX00, thread // 32, thread % 32)
+        except Exception as error:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(error)
+            barrier.abort()
+
+    with emulated_device(barrier, state):
+        threads = [threading.Thread(target=thread_body, args=(n,)) for n in range(THREADS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    if errors:
+        raise errors[0]
+    return sX.values, conflicts
+
+
+def l_tile(seed: int) -> np.ndarray:
+    """A strictly lower L tile of realistic inputs: L[i, j] = beta_i sum_d k_id k_jd 2^(g_id - g_jd), in fp64."""
+    x = reference.make_inputs(1, C, 1, 128, 128, generator=torch.Generator().manual_seed(seed), lower_bound=-5.0)
+    k, g, beta = (x[n].double()[0, :, 0] for n in ("k", "gk", "beta"))
+    L = beta[:, None] * ((k * torch.exp2(g)) @ (k * torch.exp2(-g)).T)
+    return torch.tril(L, -1).float().numpy()
+
+
+def bits(x: np.ndarray) -> np.ndarray:
+    return x.view(np.uint32)
+
+
+@pytest.mark.parametrize("seed", [0])
+def test_inverse_accurate_exact_structure_and_race_free(seed):
+    L = l_tile(seed)
+    X, conflicts = invert(L)
+    assert conflicts == [], f"elements shared between threads within one barrier interval: {conflicts[:5]}"
+    ref = np.linalg.inv(np.eye(C) + L.astype(np.float64))
+    err = np.linalg.norm(X - ref) / np.linalg.norm(ref)
+    assert err < 1e-9, f"relative fp64 error {err:.3e} (fp32 substitution gives ~5e-11)"
+    upper = X[np.triu_indices(C, 1)]
+    assert np.all(bits(upper) == 0), "every element above the diagonal must be +0.0"
+    assert np.all(np.diag(X) == 1.0)
+
+
+def test_inverse_rows_depend_on_earlier_rows_only():
+    L = l_tile(2)
+    full, _ = invert(L)
+    for v in (1, 15, 17, 32, 47, 63):  # each step and block boundary: diagonal block, S = 16, S = 32
+        zeroed = L.copy()
+        zeroed[v:] = 0  # what a chunk with v valid rows leaves in shared memory
+        X, _ = invert(zeroed)
+        assert np.array_equal(bits(X[:v]), bits(full[:v])), f"rows < {v} changed when rows >= {v} are zero"
+        hostile = L.copy()
+        hostile[v, :v] = np.nan  # row v's own L, and row v's column in later rows
+        hostile[v + 1:, v] = np.inf
+        X, _ = invert(hostile)
+        assert np.array_equal(bits(X[:v]), bits(full[:v])), f"a non-finite row {v} reached rows < {v}"
+        assert np.isnan(X[v, :v]).all()
