@@ -31,3 +31,11 @@ def golden(tmp_path_factory):
 def copy(golden, tmp_path):
     """A private copy of the golden cache that a test may damage."""
     return ch.copy_cache(golden[0], tmp_path / "cache")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_validation_memo(monkeypatch):
+    """kdajit.validate remembers the signatures of valid calls: a test that stubs its device check must not
+    leave entries behind that would let the next test's CPU tensors through."""
+    from kdajit import validate
+    monkeypatch.setattr(validate, "_VALID_SIGNATURES", {})

@@ -131,6 +131,29 @@ def test_bf16_beta_at_a_2_byte_offset_is_refused():
         call_forward(beta=beta_at_offset(4))
 
 
+def test_a_remembered_signature_still_checks_addresses_and_cu_seqlens_values(monkeypatch):
+    """A valid call's signature (dtypes, shapes, strides, devices) skips the full checks next time; what the
+    signature does not hold (where the data starts, what cu_seqlens holds) is checked on every call."""
+    monkeypatch.setattr(validate, "check_devices", lambda **tensors: None)
+    full_checks = []
+    value_heads = validate._value_heads
+    monkeypatch.setattr(validate, "_value_heads", lambda *a: full_checks.append(1) or value_heads(*a))
+    x = inputs()
+    cu = torch.tensor([0, 64, 130], dtype=torch.int32)
+    first = validate.check_forward_inputs(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu, 64)
+    again = validate.check_forward_inputs(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu, 64)
+    assert again == first and len(full_checks) == 1, "the second call of the same signature ran the full checks"
+    with pytest.raises(ValueError, match=r"beta must start at a 4-byte aligned address"):
+        validate.check_forward_inputs(x["q"], x["k"], x["v"], x["gk"], beta_at_offset(2), cu, 64)
+    with pytest.raises(ValueError, match=r"cu_seqlens must be non-decreasing"):
+        validate.check_forward_inputs(x["q"], x["k"], x["v"], x["gk"], x["beta"],
+                                      torch.tensor([0, 140, 130], dtype=torch.int32), 64)
+    assert len(full_checks) == 1
+    with pytest.raises(TypeError, match=r"beta must have dtype"):
+        validate.check_forward_inputs(x["q"], x["k"], x["v"], x["gk"], x["beta"].double(), cu, 64)
+    assert len(full_checks) == 2, "another signature must take the full checks"
+
+
 def test_validation_checks_the_alignment_every_kernel_assumes():
     # Validation and the templates' fake tensors must agree on every tensor argument of every kernel.
     from kdajit import compiler, validate
