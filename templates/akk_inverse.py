@@ -25,7 +25,8 @@ Implementation details that leave the bits unchanged:
   terms are exact zeros at the start of the chain: the nonzero values are the same, and zero results are
   normalized, so the bits equal the formula above. (A non-finite L[u+i, a+k] with k < j would poison
   T[i, j] as well: row u+i's own L.)
-- X[u+i, ..]'s chain stops at k = i: a row never reads a later row's T, not even as 0 x inf.
+- X[u+i, ..]'s chain is unrolled to the end of a group of 2-8 rows; its terms k > i are left out by a
+  select, never multiplied by 0, so a row never reads a later row's T, not even as 0 x inf.
 - Rows >= v of L are replaced by 0 in shared memory. Row i < v only ever reads L[i, :i], earlier rows of X
   and of T, so the result for valid rows is independent of v: a chunk gives the same bits in dense mode, in
   varlen mode and in any batch.
@@ -34,11 +35,9 @@ Warp roles (4 warps, 128 threads; `KernelConfig.warps` must be 4):
 1. all warps: L tile -> smem (rows < v by 16-byte coalesced loads, rows >= v as zeros).
 2. warp b: diagonal block b (lanes 0-15 one column each, ~120 FMAs per thread); lanes 16-31 write the +0
    blocks above the diagonal blocks.
-3. S = 16: warps 0-1 merge blocks 0 and 1, warps 2-3 blocks 2 and 3 (lanes 0-15 = columns; the even
-   rows on the first warp of a pair, the odd rows on the second: 8 rows of T then 8 rows of X per thread).
-4. S = 32: all warps, lane = column, warp w the rows 4m + w: 8 rows of T then 8 rows of X per thread
-   (256 + ~136 FMAs). Every shared address is a trace-time constant but the lane, so the broadcast reads of
-   L and X rows are 16-byte loads.
+3. S = 16: warps 0-1 merge blocks 0 and 1, warps 2-3 blocks 2 and 3 (lane = column, 4 rows of T then
+   4 rows of X per thread).
+4. S = 32: all warps, lane = column, 8 rows of T then 8 rows of X per thread (256 + ~136 FMAs).
    A barrier between T and X and between the steps.
 5. all warps: io-dtype tile (staged in smem) -> Akk rows < v with 16-byte stores.
 Blocked instead of a whole-tile substitution: the substitution's dependent chain is 64 steps long and

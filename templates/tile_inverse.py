@@ -89,25 +89,25 @@ def invert_tile(sL: cute.Tensor, sX: cute.Tensor, sX00: cute.Tensor, warp_idx: c
     sync_group(group)
 
     # 3.-4. Doubling merges: for each pair of size-S diagonal blocks (rows a.., then u = a + S..),
-    #    T = L[u, a] X[a, a], then X[u, a] = -(X[u, u] T); S = 16, 32. Lane = column; warp w takes the
-    #    rows i = groups * m + w % groups of pair w // groups, so every shared address is a trace-time
-    #    constant but the lane (row-contiguous reads become 16-byte broadcast loads).
+    #    T = L[u, a] X[a, a], then X[u, a] = -(X[u, u] T); S = 16, 32.
     for level in cutlass.range_constexpr(merge_levels(C)):
         S = BLOCK << level
-        groups = NUM_WARPS // (C // (2 * S))
-        for w in cutlass.range_constexpr(NUM_WARPS):
-            if warp_idx == w:
-                if lane < S:
-                    a = 2 * (w // groups) * S
-                    left_product(sL, fp32_x(sL, sX00, a), product_view(sL, a, S), a, S, groups, w % groups, lane)
+        pairs = C // (2 * S)
+        warps_per_pair = NUM_WARPS // pairs
+        groups = warps_per_pair * (32 // S)
+        for p in cutlass.range_constexpr(pairs):
+            if warp_idx // warps_per_pair == p:
+                a = 2 * p * S
+                row_group = (warp_idx % warps_per_pair) * (32 // S) + lane // S
+                left_product(sL, fp32_x(sL, sX00, a), product_view(sL, a, S), a, S, groups, row_group, lane % S)
         sync_group(group)
-        for w in cutlass.range_constexpr(NUM_WARPS):
-            if warp_idx == w:
-                if lane < S:
-                    a = 2 * (w // groups) * S
-                    keep = fp32_x(sL, sX00, a + S) if 2 * S < C else None
-                    right_product(sX, fp32_x(sL, sX00, a + S), keep, product_view(sL, a, S), a, S, groups,
-                                  w % groups, lane)
+        for p in cutlass.range_constexpr(pairs):
+            if warp_idx // warps_per_pair == p:
+                a = 2 * p * S
+                row_group = (warp_idx % warps_per_pair) * (32 // S) + lane // S
+                keep = fp32_x(sL, sX00, a + S) if 2 * S < C else None
+                right_product(sX, fp32_x(sL, sX00, a + S), keep, product_view(sL, a, S), a, S, groups,
+                              row_group, lane % S)
         if level + 1 < merge_levels(C):
             sync_group(group)
 
@@ -212,7 +212,8 @@ def left_product(sL, x_top, product, a, S, groups, row_group, col):
     the terms k < col multiply X's +0 above the diagonal), for rows i = groups * m + row_group."""
     u = a + S
     x = [x_top[a + k, a + col] for k in range(S)]
-    for i in range(row_group, S, groups):
+    for m in range(S // groups):
+        i = groups * m + row_group
         acc = None
         for k in range(S):
             acc = chain_step(acc, sL[u + i, a + k], x[k])
@@ -222,13 +223,16 @@ def left_product(sL, x_top, product, a, S, groups, row_group, col):
 def right_product(sX, x_bottom, keep, product, a, S, groups, row_group, col):
     """X[u+i, a+col] = -(sum_k X[u+i, u+k] product[k, col] over k = 0 .. i ascending), u = a + S, a zero
     stored as +0, for rows i = groups * m + row_group: to sX (io dtype) and, when `keep` is given, to
-    keep (fp32, read by the next level)."""
+    keep (fp32, read by the next level). The chain runs to the group's last row with the terms k > i
+    left out by a select, so a row never reads a later row's product (not even as 0 x inf)."""
     u = a + S
     t = [product[k, col] for k in range(S)]
-    for i in range(row_group, S, groups):
+    for m in range(S // groups):
+        i = groups * m + row_group
         acc = None
-        for k in range(i + 1):
-            acc = chain_step(acc, x_bottom[u + i, u + k], t[k])
+        for k in range(groups * m + groups):
+            term = chain_step(acc, x_bottom[u + i, u + k], t[k])
+            acc = term if k <= groups * m else cutlass.Float32(cutlass.select_(i >= k, term, acc))
         x = finalize(acc, col, i, False)
         sX[u + i, a + col] = x.to(sX.element_type)
         if keep is not None:
