@@ -174,7 +174,7 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
     # ///////////////////////////////////////////////////////////////////////////////
     #  MAINLOOP: one accumulator chain per 16x8 tile over d, ascending
     # ///////////////////////////////////////////////////////////////////////////////
-    for kk in cutlass.range(head_k // MMA_K, unroll=2):
+    for kk in cutlass.range(head_k // MMA_K, unroll=1):
         refA = tAsRef[None, None, kk].load()
         refB = tBsRef[None, None, kk].load()
         if cutlass.const_expr(diagonal):
