@@ -46,6 +46,12 @@ WARP_GROUPS_8 = (
     ((3, True, (3,)),),
 )
 
+# Head-dimension steps per iteration of a block's mainloop, by schedule (the same operations in the same order
+# either way, so the same bits). Measured on the H200 (docs/performance.md, 2026-12-03): unrolled twice, the
+# 4-warp tile config is faster (1.16 against 1.20 ms); unrolled once, the 8-warp one is (1.05 against 1.31 ms),
+# with 10 KB less SASS per kernel.
+MAINLOOP_UNROLL = {WARP_GROUPS: 2, WARP_GROUPS_8: 1}
+
 
 def padded_pitch(dtype, cols: int) -> int:
     """Row pitch (elements) of a padded shared tile with `cols` columns."""
@@ -121,16 +127,16 @@ def intra_tile(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: c
                 a, diagonal, col_blocks = schedule[w][group]
                 if SUB * a < valid_rows:
                     row_block_group(tiled_mma, sQ, sK, sG, sBeta, dAqk, dL, lane, valid_rows, scale,
-                                    a, diagonal, col_blocks)
+                                    a, diagonal, col_blocks, MAINLOOP_UNROLL[schedule])
 
 
 @cute.jit
 def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor,
                     sBeta: cute.Tensor, dAqk: cute.Tensor, dL: cute.Tensor, lane: cutlass.Int32,
                     valid_rows: cutlass.Int32, scale: cutlass.Float32, a: cutlass.Constexpr,
-                    diagonal: cutlass.Constexpr, col_blocks: cutlass.Constexpr):
+                    diagonal: cutlass.Constexpr, col_blocks: cutlass.Constexpr, unroll: cutlass.Constexpr):
     """Blocks (a, b) for b in col_blocks, all with one reference row; also the zero blocks b > a
-    when `diagonal` (then col_blocks == (a,))."""
+    when `diagonal` (then col_blocks == (a,)). `unroll`: mainloop steps per iteration (MAINLOOP_UNROLL)."""
     head_k = cute.size(sQ, mode=[1])
     row_blocks = cute.size(sQ, mode=[0]) // SUB
     thr_mma = tiled_mma.get_slice(lane)
@@ -174,7 +180,7 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
     # ///////////////////////////////////////////////////////////////////////////////
     #  MAINLOOP: one accumulator chain per 16x8 tile over d, ascending
     # ///////////////////////////////////////////////////////////////////////////////
-    for kk in cutlass.range(head_k // MMA_K, unroll=1):
+    for kk in cutlass.range(head_k // MMA_K, unroll=unroll):
         refA = tAsRef[None, None, kk].load()
         refB = tBsRef[None, None, kk].load()
         if cutlass.const_expr(diagonal):
