@@ -11,36 +11,9 @@ from __future__ import annotations
 import argparse
 import pathlib
 import re
-import struct
 import sys
 
-_EM_CUDA = 190  # e_machine of a CUDA cubin
-
-
-def embedded_cubins(obj: bytes) -> list[bytes]:
-    """The 64-bit CUDA ELF images inside a host object (each from its header to the end of its section table)."""
-    found, at = [], obj.find(b"\x7fELF", 1)
-    while at != -1:
-        if obj[at + 4] == 2 and struct.unpack_from("<H", obj, at + 18)[0] == _EM_CUDA:
-            shoff, = struct.unpack_from("<Q", obj, at + 0x28)
-            shentsize, shnum = struct.unpack_from("<HH", obj, at + 0x3A)
-            found.append(obj[at:at + shoff + shentsize * shnum])
-        at = obj.find(b"\x7fELF", at + 4)
-    return found
-
-
-def text_bytes(cubin: bytes) -> int:
-    """Bytes of the cubin's `.text.*` sections (its kernels' SASS)."""
-    shoff, = struct.unpack_from("<Q", cubin, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
-    names_at = sections[shstrndx][4]
-
-    def name(offset: int) -> bytes:
-        start = names_at + offset
-        return cubin[start:cubin.index(b"\0", start)]
-
-    return sum(s[5] for s in sections if name(s[0]).startswith(b".text."))
+from kdajit.cubins import embedded_cubins, text_bytes
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,12 +13,11 @@ reference key plus a sample covering every field value, config fields included; 
 import dataclasses
 import itertools
 import os
-import struct
 
 import pytest
 import tiers
 
-from kdajit import compiler, keys
+from kdajit import compiler, cubins, keys
 from kdajit.keys import ForwardSpec, FusedConfig, KernelConfig
 
 SPECS = [ForwardSpec(beta, varlen, d, d, chunk, qg, arch, io)
@@ -32,24 +31,9 @@ KEYS = sorted({key for spec in SPECS for key in spec.kernel_keys()}
 # Each template's reference configuration: the reference spec (the demo's) on the reference arch.
 REFERENCE = ForwardSpec("bf16", "cu32", 128, 128, 64, True, "sm_90a").kernel_keys()
 
-_EM_CUDA = 190  # e_machine of a CUDA cubin
-
-
 def cubin_archs(obj: bytes) -> list[str]:
-    """The SM arch of every cubin embedded in a host object, from the cubin ELF headers.
-
-    NVIDIA's e_flags: ELF ABI version 7 keeps the SM number in bits 0-7 and the arch-specific ("a")
-    feature flag at 0x800; version 8 (sm_100 and later) keeps the SM in bits 8-15 and the flag at 0x8.
-    """
-    found, at = [], obj.find(b"\x7fELF", 1)
-    while at >= 0:
-        machine, = struct.unpack_from("<H", obj, at + 18)
-        if obj[at + 4] == 2 and machine == _EM_CUDA:  # 64-bit ELF for CUDA
-            flags, = struct.unpack_from("<I", obj, at + 48)
-            sm, accel = (flags & 0xFF, flags & 0x800) if obj[at + 8] < 8 else ((flags >> 8) & 0xFF, flags & 0x8)
-            found.append(f"sm_{sm}{'a' if accel else ''}")
-        at = obj.find(b"\x7fELF", at + 4)
-    return found
+    """The SM arch of every cubin embedded in a host object, from the cubin ELF headers."""
+    return [cubins.cubin_arch(c) for c in cubins.embedded_cubins(obj)]
 
 
 def test_sweep_covers_every_template_and_arch():
