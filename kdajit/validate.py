@@ -236,6 +236,28 @@ def _check_outputs(outputs: dict[str, object], problem: Problem, inputs: dict[st
         seen.append((f"out.{name}", (device, start, end)))
 
 
+# Signatures of valid calls without `out=` -> their Problem. Bounded (a server with many distinct lengths
+# would add one per length); cleared when full.
+_VALID_SIGNATURES: dict[tuple, Problem] = {}
+_MAX_SIGNATURES = 1024
+
+
+def _signature(*args) -> tuple | None:
+    """What every check of `check_forward_inputs` reads, but the base addresses and cu_seqlens' values:
+    each tensor's dtype, shape, strides and device, and the other arguments; None if an argument is
+    neither a plain torch.Tensor nor None nor an int (subclasses, e.g. fake tensors with symbolic sizes,
+    and wrong types take the full checks)."""
+    parts = []
+    for a in args:
+        if type(a) is torch.Tensor:
+            parts.append((a.dtype, a.shape, a.stride(), a.device))
+        elif a is None or isinstance(a, int):
+            parts.append(a)
+        else:
+            return None
+    return tuple(parts)
+
+
 def check_forward_inputs(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor | None, gk: torch.Tensor,
                          beta: torch.Tensor, cu_seqlens: torch.Tensor | None, chunk_size: int,
                          outputs: dict[str, object] | None = None, **more_tensors: torch.Tensor) -> Problem:
@@ -302,28 +324,6 @@ def check_forward_inputs(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tenso
             _VALID_SIGNATURES.clear()
         _VALID_SIGNATURES[signature] = problem
     return problem
-
-
-# Signatures of valid calls without `out=` -> their Problem. Bounded (a server with many distinct lengths
-# would add one per length); cleared when full.
-_VALID_SIGNATURES: dict[tuple, Problem] = {}
-_MAX_SIGNATURES = 1024
-
-
-def _signature(*args) -> tuple | None:
-    """What every check of `check_forward_inputs` reads, but the base addresses and cu_seqlens' values:
-    each tensor's dtype, shape, strides and device, and the other arguments; None if an argument is
-    neither a plain torch.Tensor nor None nor an int (subclasses, e.g. fake tensors with symbolic sizes,
-    and wrong types take the full checks)."""
-    parts = []
-    for a in args:
-        if type(a) is torch.Tensor:
-            parts.append((a.dtype, a.shape, a.stride(), a.device))
-        elif a is None or isinstance(a, int):
-            parts.append(a)
-        else:
-            return None
-    return tuple(parts)
 
 
 def check_recompute_inputs(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, Akk: torch.Tensor,
