@@ -90,15 +90,15 @@ def expand(archs: list[str], betas: list[str], varlens: list[str], kvs: list[tup
            configs: list[str] | None = None, ios: list[str] = ("bf16",)) -> list:
     """The distinct kernel keys of the cross product of ForwardSpec fields (validated), sorted.
 
-    Keys that do not depend on a field (the inverse has no beta or head dims) appear once. Each config
-    word applies to the templates whose config class has its fields; a word that fits no selected
-    template is an error.
+    Keys that do not depend on a field (the inverse has no beta or head dims) appear once. Without
+    `configs`, each spec's `kernel_keys` as they are (the reference configurations and the fused kernel's
+    untuned one: what `kdajit.forward` runs without tuning). Each config word applies to the templates whose
+    config class has its fields; a word that fits no selected template is an error.
     """
     only_set = set(only or kkeys.KEY_TYPES)
     unknown = only_set - set(kkeys.KEY_TYPES)
     if unknown:
         raise ValueError(f"--only {sorted(unknown)}: kernels are {sorted(kkeys.KEY_TYPES)}")
-    configs = configs or ["ref"]
     found, used = {}, set()
     for arch, beta, varlen, (head_k, head_v), chunk, qg, io in itertools.product(archs, betas, varlens, kvs, chunks,
                                                                                   qgs, ios):
@@ -106,12 +106,14 @@ def expand(archs: list[str], betas: list[str], varlens: list[str], kvs: list[tup
         for key in spec.kernel_keys():
             if key.TEMPLATE not in only_set:
                 continue
-            for word in configs:
+            if not configs:
+                found[key.canonical()] = key
+            for word in configs or ():
                 if config_applies(word, key.CONFIG):
                     used.add(word)
                     k = dataclasses.replace(key, config=parse_config(word, key.CONFIG))
                     found[k.canonical()] = k
-    unused = [w for w in configs if w not in used]
+    unused = [w for w in configs or () if w not in used]
     if unused and found:
         raise ValueError(f"--config {unused[0]!r} fits none of the selected kernels ({sorted(only_set)})")
     return sorted(found.values(), key=lambda k: (k.arch, k.TEMPLATE, k.canonical()))

@@ -67,7 +67,7 @@ def _kernels(problem, chunk: int, output_qg: bool, device_index: int, *, intra: 
         try:
             fused, = cache.get_kernels((key,))
         except cache.KernelNotCached:  # KDAJIT_DISABLE_JIT and a record whose winner was never shipped
-            if not tuned or fused_config == FusedConfig():
+            if not tuned or fused_config == tuner.REFERENCE:
                 raise
             tuner.demote(spec, device_index, tokens, problem.heads, seqs, f"{cache.describe(key)} is not cached")
             key = spec.fused_key()

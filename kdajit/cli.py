@@ -186,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk", action="append", help=f"chunk sizes, of {', '.join(map(str, keys.CHUNK_SIZES))}")
     p.add_argument("--qg", choices=sorted(keyspec.QG_CHOICES), default="both", help="output_qg variants")
     p.add_argument("--only", action="append", help=f"only these kernels, of {', '.join(keys.KEY_TYPES)}")
-    p.add_argument("--config", action="append", help="kernel config as field=value pairs (default: reference)")
+    p.add_argument("--config", action="append", help="kernel config as field=value pairs, or 'ref' (default: the "
+                                                     "reference configurations and the fused kernel's untuned one)")
     p.add_argument("--key", action="append", help=f"exactly this kernel (repeatable; not with the options above). "
                                                   f"{_KEY_HELP}")
     p.add_argument("-j", "--jobs", type=_jobs, help="worker processes, >= 1 (default: KDAJIT_COMPILE_WORKERS or 2)")

@@ -92,6 +92,11 @@ FUSED_WARPS = (4, 8)
 FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
     FusedConfig(True, ctas, raster, ahead) for ahead in LOADS_AHEAD for ctas in (1, 2) for raster in RASTER_ORDERS
 ) + (FusedConfig(warps=8),) + tuple(FusedConfig(True, ctas, "head", 0, 8) for ctas in (1, 2))
+# What `kdajit.forward` runs where no tuning record applies (KDAJIT_AUTOTUNE=off, or no record for the call's
+# workload), by (head_k, output_qg): the fastest configuration measured on the H200 (docs/performance.md,
+# 2026-12-03: 8 warps 1.05 ms against the reference's 1.16 at B=2 T=8192 H=64, K = V = 128, no QG); the
+# reference configuration everywhere else. Every configuration gives the same bits, so this choice is speed only.
+UNTUNED_FUSED_CONFIGS = {(128, False): FusedConfig(warps=8)}
 
 
 @dataclass(frozen=True)
@@ -298,9 +303,19 @@ class ForwardSpec:
         head sizes of `kdajit.api.AUTO_FUSED_HEAD_DIMS`; the standalone kernels are faster at the others)."""
         return self.arch in FUSED_ARCHS
 
+    @property
+    def untuned_fused_config(self) -> FusedConfig:
+        """The fused configuration `kdajit.forward` runs for this spec without a tuning record
+        (UNTUNED_FUSED_CONFIGS)."""
+        return UNTUNED_FUSED_CONFIGS.get((self.head_k, self.output_qg), FusedConfig())
+
     def kernel_keys(self) -> tuple[_KernelKey, ...]:
-        """The reference-config keys of every kernel the API runs for this spec: the standalone
-        intra, inverse and recompute (`intra`, `recompute_w_u`, and `forward` off the fused route)
-        and, on the fused archs, the fused kernel."""
+        """The keys of every kernel the API runs for this spec without a tuning record: the standalone
+        intra, inverse and recompute (`intra`, `recompute_w_u`, and `forward` off the fused route) in
+        their reference configurations and, on the fused archs, the fused kernel in its reference
+        configuration and, where that differs, in `untuned_fused_config`."""
         standalone = (self.intra_key(), self.inverse_key(), self.recompute_key())
-        return standalone + ((self.fused_key(),) if self.uses_fused else ())
+        if not self.uses_fused:
+            return standalone
+        fused = dict.fromkeys((self.fused_key(), self.fused_key(self.untuned_fused_config)))
+        return standalone + tuple(fused)

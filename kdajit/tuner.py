@@ -4,13 +4,13 @@
 
 | mode | what a call uses | tunes |
 |---|---|---|
-| off | the reference configuration | never |
-| cached (default) | the winner of a stored record for the call's `TuningKey`, else the reference | never |
+| off | the spec's untuned configuration (`ForwardSpec.untuned_fused_config`) | never |
+| cached (default) | the winner of a stored record for the call's `TuningKey`, else the untuned configuration | never |
 | on | like cached | a workload bucket with no record, or whose record lacks candidates of today's space, on first use |
 | force | like on | every bucket again (every candidate re-timed) on its first use in the process |
 
 Nothing is tuned while a CUDA graph is being captured or torch.compile traces (the record or the
-reference is used then, and a later plain call may tune). A tuning run (`tune`) holds this GPU's
+untuned configuration is used then, and a later plain call may tune). A tuning run (`tune`) holds this GPU's
 tuning lock, so processes sharing a GPU never time at the same time; re-reads the record once it
 holds the lock; guards every candidate (kdajit.tune_guard: bitwise equal to the reference on the
 tuning inputs and on edge-case probes, or excluded: warned once, or raised with
@@ -174,14 +174,15 @@ def config_for(spec: ForwardSpec, device_index: int, tokens: int, heads: int, se
 def _config_slow(memo, spec, device_index, tokens, heads, seqs, prepare, shape) -> FusedConfig:
     with _LOCK:
         mode = env.autotune_mode()
+        untuned = spec.untuned_fused_config
         if mode == "off" or tokens == 0:  # an empty call launches nothing: nothing to time
-            _CHOICES[memo] = REFERENCE
-            return REFERENCE
+            _CHOICES[memo] = untuned
+            return untuned
         key = tuning_key(spec, device_index, tokens, heads, seqs)
         record = find_record(key)
         wants = mode == "force" and key not in _FORCED or mode == "on" and key not in _FORCED and _missing(record)
         if wants and not may_tune():
-            return record.winner if record else REFERENCE  # not memoized: a later plain call may tune
+            return record.winner if record else untuned  # not memoized: a later plain call may tune
         if wants:
             try:
                 record = tune(key, shape(), prepare, force=mode == "force", device_index=device_index)
@@ -190,8 +191,8 @@ def _config_slow(memo, spec, device_index, tokens, heads, seqs, prepare, shape) 
             except Exception as e:  # noqa: BLE001 - a failed tuning run must not fail the call
                 _FORCED.add(key)
                 _warn_once(f"failed:{key}", f"kdajit: tuning {key.name()} failed ({type(e).__name__}: {e}); "
-                                            f"using {'its stored record' if record else 'the reference configuration'}")
-        config = record.winner if record else REFERENCE
+                                            f"using {'its stored record' if record else 'the untuned configuration'}")
+        config = record.winner if record else untuned
         _CHOICES[memo] = config
         return config
 

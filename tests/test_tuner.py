@@ -20,6 +20,7 @@ from kdajit.tune_records import TuningRecord, WorkloadBucket
 SPEC = ForwardSpec("bf16", "dense", 128, 128, 64, False, "sm_90a")
 VARLEN_SPEC = dataclasses.replace(SPEC, varlen="cu32", output_qg=True)
 REF = FUSED_CONFIG_SPACE[0]
+UNTUNED = SPEC.untuned_fused_config  # what forward runs without a record
 SHAPE = tuner.TuneShape(1, 128, 2)  # whole chunks: only the probes have a partial one
 CPU = torch.device("cpu")
 
@@ -160,10 +161,10 @@ def test_record_is_stored_beside_the_kernels_and_drives_cached_mode(cache_root, 
     assert tuner.config_for(*other_length) == fast
     monkeypatch.setenv("KDAJIT_AUTOTUNE", "off")
     tuner.clear()
-    assert tuner.config_for(*args) == REF
+    assert tuner.config_for(*args) == UNTUNED
     monkeypatch.setenv("KDAJIT_AUTOTUNE", "cached")
     tuner.clear()
-    assert tuner.config_for(SPEC, 0, 100_000, 4, 1, never, never) == REF  # no record: the reference
+    assert tuner.config_for(SPEC, 0, 100_000, 4, 1, never, never) == UNTUNED  # no record: the untuned config
 
 
 def test_mode_on_tunes_once_and_only_new_candidates_later(cache_root, monkeypatch):
@@ -193,7 +194,7 @@ def test_no_tuning_while_capturing_or_compiling(cache_root, monkeypatch):
     monkeypatch.setenv("KDAJIT_AUTOTUNE", "force")
     monkeypatch.setattr(tuner, "may_tune", lambda: False)
     never = lambda *a: pytest.fail("must not tune while capturing")  # noqa: E731
-    assert tuner.config_for(SPEC, 0, 128, 2, 1, never, never) == REF
+    assert tuner.config_for(SPEC, 0, 128, 2, 1, never, never) == UNTUNED
     with pytest.raises(RuntimeError, match="captured"):
         run_tune(standin_prepare())
 
@@ -407,7 +408,7 @@ def test_new_lengths_in_a_seen_bucket_cost_one_lookup_hits_and_misses_alike(cach
     monkeypatch.setattr(tune_records, "read_record", lambda *a: reads.append(a) or real(*a))
     never = lambda *a: pytest.fail("cached mode must not tune")  # noqa: E731
     for tokens in range(1025, 2049):  # one bucket (2048 tokens), no record: the miss is remembered too
-        assert tuner.config_for(SPEC, 0, tokens, 4, 1, never, never) == REF
+        assert tuner.config_for(SPEC, 0, tokens, 4, 1, never, never) == UNTUNED
     assert len(reads) == 1 and len(tuner._CHOICES) == 1
 
 
@@ -420,8 +421,8 @@ def test_a_failing_tuning_run_never_fails_the_call(cache_root, monkeypatch):
         raise RuntimeError("out of memory (stand-in)")
     args = (SPEC, 0, SHAPE.total_tokens, SHAPE.heads, SHAPE.seqs, broken, lambda: SHAPE)
     with pytest.warns(tuner.KdajitTuningWarning, match="tuning .* failed .*out of memory"):
-        assert tuner.config_for(*args) == REF
-    assert tuner.config_for(*args) == REF  # remembered: not retried on every call
+        assert tuner.config_for(*args) == UNTUNED
+    assert tuner.config_for(*args) == UNTUNED  # remembered: not retried on every call
 
 
 def test_a_candidate_that_cannot_run_is_left_out_and_retried_later(cache_root):
@@ -474,6 +475,36 @@ def test_forward_falls_back_to_the_reference_when_the_winner_is_not_cached(cache
     launched = []
 
     def get_kernels(keys):
+        (key,) = keys
+        if key.config != REF:
+            raise cache.KernelNotCached("not cached (stand-in)", keys)
+        launched.append(key)
+        return ("reference kernel",)
+    monkeypatch.setattr(cache, "get_kernels", get_kernels)
+    problem = Problem(1, SHAPE.tokens, SHAPE.heads, 128, 128, 64, "bf16", "dense", "bf16", SHAPE.heads)
+    with pytest.warns(tuner.KdajitTuningWarning, match="cannot be used .*not cached"):
+        kernels = api._kernels(problem, 64, False, 0, intra=True, recompute=True, seqs=1, shape=lambda: SHAPE)
+    assert kernels.fused == "reference kernel" and launched == [SPEC.fused_key()]
+    assert tuner.config_for(SPEC, 0, SHAPE.tokens, SHAPE.heads, 1, None, None) == REF  # remembered
+
+
+def test_untuned_configuration_is_8_warps_only_where_measured_faster():
+    assert UNTUNED == FusedConfig(warps=8) and UNTUNED in FUSED_CONFIG_SPACE
+    assert SPEC.fused_key(UNTUNED) in SPEC.kernel_keys() and SPEC.fused_key(REF) in SPEC.kernel_keys()
+    for other in (VARLEN_SPEC, dataclasses.replace(SPEC, head_k=64, head_v=64),
+                  dataclasses.replace(SPEC, head_k=256, head_v=256)):
+        assert other.untuned_fused_config == REF, other  # QG on (8 warps cannot), K = 64 / 256: nothing faster
+        assert [k.config for k in other.kernel_keys() if k.TEMPLATE == "fused_forward"] == [REF]
+
+
+def test_forward_falls_back_to_the_reference_when_the_untuned_kernel_is_not_cached(cache_root, monkeypatch):
+    from kdajit import api, cache
+    from kdajit.validate import Problem
+
+    monkeypatch.setattr(api, "_spec", lambda *a: SPEC)
+    launched = []
+
+    def get_kernels(keys):  # a cache precompiled before the untuned configuration was chosen
         (key,) = keys
         if key.config != REF:
             raise cache.KernelNotCached("not cached (stand-in)", keys)
