@@ -78,13 +78,20 @@ def invert_tile(sL: cute.Tensor, sX: cute.Tensor, sX00: cute.Tensor, warp_idx: c
     C = cute.size(sL, mode=[0])
     blocks = C // BLOCK
     # 2. The 16 x 16 diagonal blocks by forward substitution, one warp each (lanes 0-15: one column
-    #    each); lanes 16-31 write the zeros above the diagonal blocks.
+    #    each); lanes 16-31 write the zeros above the diagonal blocks. The warps of one half of the tile
+    #    run one copy of the substitution, on their block chosen at run time (smaller code: the halves keep
+    #    their fp32 X rows in different buffers, `fp32_x`).
+    per_half = blocks // 2
+    for half in cutlass.range_constexpr(2):
+        if warp_idx // per_half == half:
+            if lane < BLOCK:
+                d = warp_idx * BLOCK
+                forward_substitute(block_view(sL, d, d), block_view(sX, d, d),
+                                   block_view(fp32_x(sL, sX00, half * per_half * BLOCK), d, d), lane,
+                                   [None] * BLOCK, 0, BLOCK, True)
     for b in cutlass.range_constexpr(blocks):
         if warp_idx == b:
-            if lane < BLOCK:
-                forward_substitute(sL, sX, fp32_x(sL, sX00, b * BLOCK), b * BLOCK + lane, [None] * C,
-                                   b * BLOCK, b * BLOCK + BLOCK, True)
-            else:
+            if lane >= BLOCK:
                 zero_upper_blocks(sX, sX00, zero_tasks(C)[b::blocks], lane - BLOCK)
     sync_group(group)
 
@@ -167,6 +174,13 @@ class _Shifted:
 
     def __setitem__(self, rc, value) -> None:
         self.base[rc[0] - self.row0, rc[1] - self.col0] = value
+
+
+def block_view(t, row0, col0):
+    """v[i, j] = t[row0 + i, col0 + j] (tile coordinates when t is a `_Shifted`); row0, col0 may be run-time."""
+    if isinstance(t, _Shifted):
+        return cute.domain_offset((row0 - t.row0, col0 - t.col0), t.base)
+    return cute.domain_offset((row0, col0), t)
 
 
 def merge_levels(chunk: int) -> int:
