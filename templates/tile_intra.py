@@ -121,22 +121,54 @@ def intra_tile(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: c
     dAqk, dL: [chunk, chunk] destinations (global or shared) of Aqk (io dtype) and L (fp32); rows
     >= valid_rows are not written. The caller synchronizes before and after.
     """
-    for w in cutlass.range_constexpr(len(schedule)):
-        if warp_idx == w:
-            for group in cutlass.range_constexpr(len(schedule[w])):
-                a, diagonal, col_blocks = schedule[w][group]
-                if SUB * a < valid_rows:
-                    row_block_group(tiled_mma, sQ, sK, sG, sBeta, dAqk, dL, lane, valid_rows, scale,
-                                    a, diagonal, col_blocks, MAINLOOP_UNROLL[schedule])
+    # One copy of the code per kind of group (`group_kinds`), its blocks chosen at run time by warp:
+    # smaller code than a copy per group (the instruction caches are a budget, docs/performance.md).
+    for diagonal, width, instances in group_kinds(schedule):
+        count = warp_lookup(warp_idx, {w: len(groups) for w, groups in instances.items()})
+        for j in cutlass.range(count, unroll=1):
+            a = instance_lookup(warp_idx, j, instances, lambda group: group[0])
+            col_blocks = [instance_lookup(warp_idx, j, instances, lambda group, n=n: group[1][n])
+                          for n in range(width)]
+            if SUB * a < valid_rows:
+                row_block_group(tiled_mma, sQ, sK, sG, sBeta, dAqk, dL, lane, valid_rows, scale,
+                                a, diagonal, col_blocks, MAINLOOP_UNROLL[schedule])
+
+
+def group_kinds(schedule) -> list:
+    """A schedule's groups by kind, (diagonal, number of column blocks, {warp: [(a, col_blocks), ...]}), in
+    each warp's order (a block's bits do not depend on which warp computes it, or when)."""
+    kinds: dict = {}
+    for w, groups in enumerate(schedule):
+        for a, diagonal, col_blocks in groups:
+            kinds.setdefault((diagonal, len(col_blocks)), {}).setdefault(w, []).append((a, col_blocks))
+    return [(diagonal, width, instances) for (diagonal, width), instances in kinds.items()]
+
+
+def warp_lookup(warp_idx: cutlass.Int32, table: dict) -> cutlass.Int32:
+    """table[warp_idx] (0 for a warp not in it), as a chain of selects."""
+    value = cutlass.Int32(0)
+    for w, entry in table.items():
+        value = cutlass.select_(warp_idx == w, cutlass.Int32(entry), value)
+    return value
+
+
+def instance_lookup(warp_idx: cutlass.Int32, j: cutlass.Int32, instances: dict, field) -> cutlass.Int32:
+    """field(instances[warp_idx][j]), as a chain of selects."""
+    value = cutlass.Int32(0)
+    for w, groups in instances.items():
+        for i, group in enumerate(groups):
+            value = cutlass.select_((warp_idx == w) & (j == i), cutlass.Int32(field(group)), value)
+    return value
 
 
 @cute.jit
 def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor,
                     sBeta: cute.Tensor, dAqk: cute.Tensor, dL: cute.Tensor, lane: cutlass.Int32,
-                    valid_rows: cutlass.Int32, scale: cutlass.Float32, a: cutlass.Constexpr,
-                    diagonal: cutlass.Constexpr, col_blocks: cutlass.Constexpr, unroll: cutlass.Constexpr):
-    """Blocks (a, b) for b in col_blocks, all with one reference row; also the zero blocks b > a
-    when `diagonal` (then col_blocks == (a,)). `unroll`: mainloop steps per iteration (MAINLOOP_UNROLL)."""
+                    valid_rows: cutlass.Int32, scale: cutlass.Float32, a: cutlass.Int32,
+                    diagonal: cutlass.Constexpr, col_blocks: list, unroll: cutlass.Constexpr):
+    """Blocks (a, b) for b in col_blocks (run-time block indices), all with one reference row; also the
+    zero blocks b > a when `diagonal` (then col_blocks == [a]). `unroll`: mainloop steps per iteration
+    (MAINLOOP_UNROLL)."""
     head_k = cute.size(sQ, mode=[1])
     row_blocks = cute.size(sQ, mode=[0]) // SUB
     thr_mma = tiled_mma.get_slice(lane)
@@ -229,14 +261,15 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
         rAqkZero.fill(0.0)
         rLZero = cute.make_rmem_tensor(cC.shape, cutlass.Float32)
         rLZero.fill(0.0)
-        for b in cutlass.range_constexpr(a + 1, row_blocks):
-            store_block(thr_mma, rAqkZero, dAqk, cC, valid_rows, a, b)
-            store_block(thr_mma, rLZero, dL, cC, valid_rows, a, b)
+        for b in cutlass.range_constexpr(1, row_blocks):
+            if b > a:
+                store_block(thr_mma, rAqkZero, dAqk, cC, valid_rows, a, b)
+                store_block(thr_mma, rLZero, dL, cC, valid_rows, a, b)
 
 
 @cute.jit
 def store_block(thr_mma: cute.core.ThrMma, rX: cute.Tensor, dX: cute.Tensor, cC: cute.Tensor,
-                valid_rows: cutlass.Int32, a: cutlass.Constexpr, b: cutlass.Constexpr):
+                valid_rows: cutlass.Int32, a: cutlass.Int32, b: cutlass.Int32):
     """Store the (a, b) 16x16 block of a [chunk, chunk] tensor (global or shared) from an
     accumulator-layout fragment; rows >= valid_rows are skipped. Each (row half, n-tile) slice is 2
     consecutive columns: one vector store."""
