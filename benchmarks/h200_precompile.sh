@@ -23,20 +23,19 @@ precompile() { python -m kdajit precompile --cache-dir "$root" --arch sm_90a --n
 fused_bf16_128() { precompile --only fused_forward --io bf16 --kv 128 "$@"; }  # the fused configuration space
 python benchmarks/fused_phases.py --export .gpu-cache/phases
 precompile --io bf16 --kv 128                                      # every reference kernel of bf16 K = V = 128
-# tests/test_gpu_coverage.py: fp16 and K = V = 64, 256 with beta in the io dtype, dense and cu32, QG on
+# tests/test_gpu_coverage.py: fp16 and K = V = 64, 256 with beta in the io dtype, dense and cu32; QG on with the
+# reference and a persistent configuration, QG off with the reference and tile-w8 (also the coverage bench rows)
 persistent_c1="persistent=true;ctas_per_sm=1;raster=head;loads_ahead=1"
+tile_w8="persistent=false;ctas_per_sm=2;raster=chunk;loads_ahead=0;warps=8"
 precompile --io fp16 --beta fp16 --kv 64,128,256 --varlen dense,cu32 --qg on --config ref --config "$persistent_c1"
 precompile --io bf16 --beta bf16 --kv 64,256 --varlen dense,cu32 --qg on --config ref --config "$persistent_c1"
+precompile --io fp16 --beta fp16 --kv 64,128,256 --varlen dense,cu32 --qg off --config ref --config "$tile_w8"
+precompile --io bf16 --beta bf16 --kv 64,256 --varlen dense,cu32 --qg off --config ref --config "$tile_w8"
 fused_bf16_128 --beta bf16,fp32 --varlen dense --qg off "${configs[@]}"  # bench_forward rows
 fused_bf16_128 --beta fp32 --varlen dense --qg on "${qg_configs[@]}"     # tests/test_gpu_fused.py
 fused_bf16_128 --beta bf16 --varlen cu64 --qg off "${configs[@]}"
 fused_bf16_128 --beta bf16 --varlen cu32 --qg on \
   --config "persistent=true;ctas_per_sm=2;raster=head;loads_ahead=0"
 fused_bf16_128 --beta bf16 --varlen dense --qg on "${qg_configs[@]}"     # stressconfigs
-# bench_forward --rows coverage --configs tile,tile-w8: fp16 K = 128 and bf16 K = 64 / 256, dense, QG off (the
-# standalone kernels too)
-tile_w8="persistent=false;ctas_per_sm=2;raster=chunk;loads_ahead=0;warps=8"
-precompile --io fp16 --beta fp16 --kv 128 --varlen dense --qg off --config ref --config "$tile_w8"
-precompile --io bf16 --beta bf16 --kv 64,256 --varlen dense --qg off --config ref --config "$tile_w8"
 tar -C .gpu-cache -cJf .gpu-cache/cpu.tar.xz cpu phases
 ls -la .gpu-cache/cpu.tar.xz

@@ -15,12 +15,6 @@ from kdajit.keys import KEY_TYPES, AkkInverseKey, ForwardSpec, FusedConfig, Fuse
 from kdajit.outputs import ForwardOutput
 
 
-# Head sizes at which `forward` picks the fused kernel on an arch that has one. At K = V = 256 one fused CTA
-# fills an SM's shared memory and the fused kernel measured 2.3x slower than the three standalone kernels
-# (docs/performance.md, 2026-12-03), so `forward` runs those there (the same bits either way).
-AUTO_FUSED_HEAD_DIMS = (64, 128)
-
-
 class _Kernels(NamedTuple):
     intra: Callable | None
     inverse: Callable | None
@@ -52,8 +46,8 @@ def _kernels(problem, chunk: int, output_qg: bool, device_index: int, *, intra: 
     spec = _spec(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk, output_qg, device_index,
                  problem.io_dtype)
     fused_route = intra and recompute and spec.uses_fused and env.forward_route() == "auto"
-    if fused_config is None and problem.head_k not in AUTO_FUSED_HEAD_DIMS:
-        fused_route = False  # a given fused_config (tests, the tuner) still runs the fused kernel
+    if fused_config is None and spec.untuned_fused_config is None:
+        fused_route = False  # the standalone kernels are faster here; a given fused_config still runs the fused kernel
     if fused_config is not None and not fused_route:
         raise ValueError(f"fused_config={fused_config} was given, but this call runs the standalone kernels "
                          f"(arch {spec.arch}, KDAJIT_FORWARD_ROUTE={env.forward_route()}); expected a call of the "
@@ -175,8 +169,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
     fp32 chunk-local cumulative log2 gate [B, T, HV, K]; beta: bf16, fp16 or fp32 [B, T, HV]. HV = H, or
     a multiple of H for grouped value heads (value head h uses q, k head h // (HV / H), as FLA). The
     outputs have q's dtype and HV heads; scale defaults to K ** -0.5; cu_seqlens: int32 or
-    int64 [N+1] with B == 1 for packed sequences. On sm_90a one fused kernel computes everything (K <= 128;
-    at K = 256 the standalone kernels are faster); elsewhere (or with KDAJIT_FORWARD_ROUTE=standalone)
+    int64 [N+1] with B == 1 for packed sequences. On sm_90a one fused kernel computes everything (but at K = 256
+    with QG, where the standalone kernels are faster: `ForwardSpec.untuned_fused_config`); elsewhere (or with KDAJIT_FORWARD_ROUTE=standalone)
     intra, inverse and recompute run in turn. Both
     routes are bitwise equal to `recompute_w_u(k, v, beta, intra(...)[1], gk, q=...)`. `out`:
     preallocated outputs to write into (e.g. static buffers for CUDA graphs); `out.qg` is needed only
@@ -275,9 +269,10 @@ def tune(batch: int, tokens: int, heads: int, *, beta_dtype: str = "bf16", varle
         raise ValueError(f"nothing to tune on arch {spec.arch} with KDAJIT_FORWARD_ROUTE={env.forward_route()}: "
                          f"the standalone kernels have one configuration each; expected an sm_90a GPU and the "
                          f"fused route")
-    if head_k not in AUTO_FUSED_HEAD_DIMS:
-        raise ValueError(f"nothing to tune at head_k={head_k}: forward runs the standalone kernels there (one "
-                         f"configuration each); expected head_k in {AUTO_FUSED_HEAD_DIMS}")
+    if spec.untuned_fused_config is None:
+        raise ValueError(f"nothing to tune at head_k={head_k} with output_qg={bool(output_qg)}: forward runs the "
+                         f"standalone kernels there (one configuration each); expected a specialization of "
+                         f"kdajit.keys.UNTUNED_FUSED_CONFIGS that runs the fused kernel")
     shape = tuner.TuneShape(batch, sum(lengths) if lengths else tokens, heads, tuple(lengths) if lengths else None)
     key = tuner.tuning_key(spec, device_index, shape.total_tokens, heads, shape.seqs)
     with torch.cuda.device(device_index):

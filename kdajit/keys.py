@@ -92,11 +92,14 @@ FUSED_WARPS = (4, 8)
 FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
     FusedConfig(True, ctas, raster, ahead) for ahead in LOADS_AHEAD for ctas in (1, 2) for raster in RASTER_ORDERS
 ) + (FusedConfig(warps=8),) + tuple(FusedConfig(True, ctas, "head", 0, 8) for ctas in (1, 2))
-# What `kdajit.forward` runs where no tuning record applies (KDAJIT_AUTOTUNE=off, or no record for the call's
-# workload), by (head_k, output_qg): the fastest configuration measured on the H200 (docs/performance.md,
-# 2026-12-03: 8 warps 1.05 ms against the reference's 1.16 at B=2 T=8192 H=64, K = V = 128, no QG); the
-# reference configuration everywhere else. Every configuration gives the same bits, so this choice is speed only.
-UNTUNED_FUSED_CONFIGS = {(128, False): FusedConfig(warps=8)}
+# What `kdajit.forward` runs on the fused archs where no tuning record applies (KDAJIT_AUTOTUNE=off, or no record
+# for the call's workload), by (head_k, output_qg): the fused kernel in the fastest configuration measured on the
+# H200, or None for the standalone kernels where they measured faster than every fused configuration; the
+# reference configuration elsewhere. Measured at B=2 T=8192 H=64, bf16 (docs/performance.md, 2026-12-03): K = 128
+# without QG, tile-w8 1.01 ms against the reference's 1.20; K = 256 without QG, tile-w8 2.52 against the
+# standalone kernels' 2.69 (the reference 2.97); K = 256 with QG (no 8-warp build there), the reference 2.97
+# against the standalone 2.69. Every configuration and route gives the same bits, so this choice is speed only.
+UNTUNED_FUSED_CONFIGS = {(128, False): FusedConfig(warps=8), (256, False): FusedConfig(warps=8), (256, True): None}
 
 
 @dataclass(frozen=True)
@@ -299,14 +302,14 @@ class ForwardSpec:
 
     @property
     def uses_fused(self) -> bool:
-        """Whether this spec's arch has the fused kernel (built, tuned, and what `kdajit.forward` runs at the
-        head sizes of `kdajit.api.AUTO_FUSED_HEAD_DIMS`; the standalone kernels are faster at the others)."""
+        """Whether this spec's arch has the fused kernel (built, bit-tested, and what `kdajit.forward` runs
+        unless `untuned_fused_config` is None)."""
         return self.arch in FUSED_ARCHS
 
     @property
-    def untuned_fused_config(self) -> FusedConfig:
-        """The fused configuration `kdajit.forward` runs for this spec without a tuning record
-        (UNTUNED_FUSED_CONFIGS)."""
+    def untuned_fused_config(self) -> FusedConfig | None:
+        """The fused configuration `kdajit.forward` runs for this spec without a tuning record, or None where it
+        runs the standalone kernels (UNTUNED_FUSED_CONFIGS)."""
         return UNTUNED_FUSED_CONFIGS.get((self.head_k, self.output_qg), FusedConfig())
 
     def kernel_keys(self) -> tuple[_KernelKey, ...]:
@@ -317,5 +320,6 @@ class ForwardSpec:
         standalone = (self.intra_key(), self.inverse_key(), self.recompute_key())
         if not self.uses_fused:
             return standalone
-        fused = dict.fromkeys((self.fused_key(), self.fused_key(self.untuned_fused_config)))
+        untuned = self.untuned_fused_config
+        fused = dict.fromkeys((self.fused_key(),) + ((self.fused_key(untuned),) if untuned is not None else ()))
         return standalone + tuple(fused)

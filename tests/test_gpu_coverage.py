@@ -5,7 +5,7 @@ Each case is an io dtype (q, k, v and every output: bf16 or fp16) and a head siz
 chunks, 1-token sequences): every element written (outputs poisoned with NaN), outputs in the io
 dtype, error against the fp64 reference within the accuracy rule and the exact structure (Aqk zero
 above the diagonal, Akk unit lower triangular), the fused kernel (reference and a persistent
-configuration) bitwise equal to the standalone route, causal bits (appending tokens keeps earlier
+configuration, and with QG off the 8-warp tile configuration) bitwise equal to the standalone route, causal bits (appending tokens keeps earlier
 rows), and each output's error at most FLA's on the same inputs times docs/contract.md's factor.
 Grouped value heads (q, k with H heads; v, gk, beta and the outputs with HV = group * H) keep the same
 promises and give the bits of the ungrouped call on q, k with each head repeated `group` times.
@@ -29,6 +29,7 @@ CASES = [("fp16", 128), ("bf16", 64), ("bf16", 256), ("fp16", 64), ("fp16", 256)
 CASE_IDS = [f"{io}-K{K}" for io, K in CASES]
 # A persistent configuration every case can build (one CTA per SM fits K = 256).
 PERSISTENT = FusedConfig(True, 1, "head", 1)
+EIGHT_WARPS = FusedConfig(warps=8)  # forward's untuned configuration without QG (no QG build)
 VARLEN_LENGTHS = [1, 63, 65, 200, 130]
 
 
@@ -60,6 +61,8 @@ def test_fused_configs_equal_standalone(seed, io, K, varlen):
     expected = standalone(x, cu, True)
     for config in (FusedConfig(), PERSISTENT):
         assert_bitwise(expected, fused(x, cu, True, config), f"{io} K={K}: {config.slug()} vs the standalone route")
+    assert_bitwise(standalone(x, cu, False), fused(x, cu, False, EIGHT_WARPS),
+                   f"{io} K={K}, no QG: {EIGHT_WARPS.slug()} vs the standalone route")
 
 
 @pytest.mark.parametrize("offset", [1, 17, 63])
@@ -101,6 +104,8 @@ def test_grouped_value_heads(seed, io, K, H, group, varlen):
         expected = standalone(x, cu, True)
         for config in (FusedConfig(), PERSISTENT):
             assert_bitwise(expected, fused(x, cu, True, config), f"grouped: {config.slug()} vs the standalone route")
+        assert_bitwise(standalone(x, cu, False), fused(x, cu, False, EIGHT_WARPS),
+                       f"grouped, no QG: {EIGHT_WARPS.slug()} vs the standalone route")
 
 
 @pytest.mark.parametrize("io, K, H, group", GROUPED, ids=GROUPED_IDS)

@@ -491,10 +491,13 @@ def test_forward_falls_back_to_the_reference_when_the_winner_is_not_cached(cache
 def test_untuned_configuration_is_8_warps_only_where_measured_faster():
     assert UNTUNED == FusedConfig(warps=8) and UNTUNED in FUSED_CONFIG_SPACE
     assert SPEC.fused_key(UNTUNED) in SPEC.kernel_keys() and SPEC.fused_key(REF) in SPEC.kernel_keys()
-    for other in (VARLEN_SPEC, dataclasses.replace(SPEC, head_k=64, head_v=64),
-                  dataclasses.replace(SPEC, head_k=256, head_v=256)):
-        assert other.untuned_fused_config == REF, other  # QG on (8 warps cannot), K = 64 / 256: nothing faster
-        assert [k.config for k in other.kernel_keys() if k.TEMPLATE == "fused_forward"] == [REF]
+    k64, k256 = (dataclasses.replace(SPEC, head_k=n, head_v=n) for n in (64, 256))
+    expected = {VARLEN_SPEC: REF, k64: REF, dataclasses.replace(k64, output_qg=True): REF,  # QG: no 8-warp build
+                k256: UNTUNED, dataclasses.replace(k256, output_qg=True): None}  # None: the standalone kernels
+    for spec, config in expected.items():
+        assert spec.untuned_fused_config == config, spec
+        fused = [k.config for k in spec.kernel_keys() if k.TEMPLATE == "fused_forward"]
+        assert fused == ([REF] if config in (REF, None) else [REF, config]), spec  # the reference always built
 
 
 def test_forward_falls_back_to_the_reference_when_the_untuned_kernel_is_not_cached(cache_root, monkeypatch):
