@@ -464,11 +464,15 @@ def test_cache_off_reads_no_layer(cache_root, tmp_path, monkeypatch):
     assert tuner.find_record(key_of()) is None
 
 
-def test_forward_falls_back_to_the_reference_when_the_winner_is_not_cached(cache_root, monkeypatch):
+@pytest.mark.parametrize("stored", [True, False], ids=["record-winner", "untuned"])
+def test_forward_falls_back_to_the_reference_when_its_configuration_is_not_cached(cache_root, monkeypatch, stored):
+    """A record's winner, or the untuned configuration, that no cache layer holds (KDAJIT_DISABLE_JIT with a cache
+    precompiled before it was chosen): the call runs the reference configuration, and remembers that."""
     from kdajit import api, cache
     from kdajit.validate import Problem
 
-    run_tune(standin_prepare(), {FUSED_CONFIG_SPACE[4]: 0.5})
+    if stored:
+        run_tune(standin_prepare(), {FUSED_CONFIG_SPACE[4]: 0.5})
     tuner.clear()
     monkeypatch.setattr(api, "_spec", lambda *a: SPEC)
     monkeypatch.setattr(api, "_sm_count", lambda index: 132)
@@ -498,24 +502,3 @@ def test_untuned_configuration_is_8_warps_only_where_measured_faster():
         assert spec.untuned_fused_config == config, spec
         fused = [k.config for k in spec.kernel_keys() if k.TEMPLATE == "fused_forward"]
         assert fused == ([REF] if config in (REF, None) else [REF, config]), spec  # the reference always built
-
-
-def test_forward_falls_back_to_the_reference_when_the_untuned_kernel_is_not_cached(cache_root, monkeypatch):
-    from kdajit import api, cache
-    from kdajit.validate import Problem
-
-    monkeypatch.setattr(api, "_spec", lambda *a: SPEC)
-    launched = []
-
-    def get_kernels(keys):  # a cache precompiled before the untuned configuration was chosen
-        (key,) = keys
-        if key.config != REF:
-            raise cache.KernelNotCached("not cached (stand-in)", keys)
-        launched.append(key)
-        return ("reference kernel",)
-    monkeypatch.setattr(cache, "get_kernels", get_kernels)
-    problem = Problem(1, SHAPE.tokens, SHAPE.heads, 128, 128, 64, "bf16", "dense", "bf16", SHAPE.heads)
-    with pytest.warns(tuner.KdajitTuningWarning, match="cannot be used .*not cached"):
-        kernels = api._kernels(problem, 64, False, 0, intra=True, recompute=True, seqs=1, shape=lambda: SHAPE)
-    assert kernels.fused == "reference kernel" and launched == [SPEC.fused_key()]
-    assert tuner.config_for(SPEC, 0, SHAPE.tokens, SHAPE.heads, 1, None, None) == REF  # remembered
