@@ -12,7 +12,7 @@
 # tuning-evidence shapes), fla (FLA-backend GPU tests and bench), flabench (bench_fla_backend alone),
 # stress (determinism replays), stressnoqg (replays without QG, forward's tile-w8 route), stressrest (stress but the bf16 run), stress10m_fla (the 10M run beside
 # the FLA-backend tests), stressconfigs (replays under other fused configurations), sanitizer
-# (compute-sanitizer, docs/reliability.md; SANITIZER_TOOLS picks tools). A stage named bg:STAGE runs
+# (compute-sanitizer, docs/reliability.md; SANITIZER_TOOLS picks tools, SANITIZER_K the tests). A stage named bg:STAGE runs
 # beside the stages after it (its failure status is not kept; read its log); `wait` joins it.
 # Each stage has its own time limit; logs and JSON go to $OUT (or ./out). The bundle (.gpu) supplies
 # CuTe DSL, TVM-FFI and FLA. `bash benchmarks/h200_precompile.sh` cross-compiles on the CPU machine every
@@ -141,7 +141,7 @@ run_stage() {
           python3 -m pytest -q -m gpu tests/test_gpu_hostile.py -k cu_seqlens
         stage "sanitizer_$tool" "${SANITIZER_LIMIT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 1 \
           python3 -m pytest -q -m gpu tests/test_gpu_forward.py tests/test_gpu_fused.py \
-          -k "empty_sequences or random_varlen or forward_equals or standalone_varlen or c2-head-a1"
+          -k "${SANITIZER_K:-empty_sequences or random_varlen or forward_equals or standalone_varlen or c2-head-a1}"
       done
       unset PYTORCH_NO_CUDA_MEMORY_CACHING ;;
     *) echo "unknown stage $what"; status=2 ;;
