@@ -10,7 +10,7 @@
 # (the coverage rows, tile configurations), phases (fused_phases, objects from the
 # tarball), dslfree (benchmarks/dsl_free_load.py), host (bench_host), tune (kdajit tune at the two
 # tuning-evidence shapes), fla (FLA-backend GPU tests and bench), flabench (bench_fla_backend alone),
-# stress (determinism replays), stressnoqg (replays without QG, forward's tile-w8 route), stressrest (stress but the bf16 run), stress10m_fla (the 10M run beside
+# stress (determinism replays), stressnoqg (replays without QG), stressrest (stress but the bf16 run), stress10m_fla (the 10M run beside
 # the FLA-backend tests), stressconfigs (replays under other fused configurations), sanitizer
 # (compute-sanitizer, docs/reliability.md; SANITIZER_TOOLS picks tools, SANITIZER_K the tests). A stage named bg:STAGE runs
 # beside the stages after it (its failure status is not kept; read its log); `wait` joins it.
@@ -112,7 +112,7 @@ run_stage() {
         --beta bf16 --max-seconds 540 --report "$out/stress_bf16_10m.json"
       wait
       save_triton_cache ;;
-    stressnoqg)  # replays of forward's route without QG (FLA's default; tile-w8 at K = 128), dense and varlen
+    stressnoqg)  # replays of forward's route without QG (FLA's default), dense and varlen
       stage stress_noqg 80 python3 benchmarks/stress_determinism.py --replays 1000000 --checkpoint 250000 --beta bf16 \
         --no-qg --max-seconds 45 --report "$out/stress_noqg.json"
       stage stress_noqg_varlen 60 python3 benchmarks/stress_determinism.py --replays 1000000 --checkpoint 250000 \

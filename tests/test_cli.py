@@ -285,13 +285,11 @@ def test_precompile_expands_and_dedups_the_cross_product(tmp_path, capsys):
 
     everything = templates()
     # sm_90a: the three standalone templates plus the fused kernel of each specialization: 2 io dtypes x
-    # 3 varlen modes for the inverse; x 3 beta dtypes x 3 head sizes for intra; x 2 QG for the others; and
-    # the fused kernel's untuned configuration where it is not the reference (K = 128 and 256 without QG).
+    # 3 varlen modes for the inverse; x 3 beta dtypes x 3 head sizes for intra; x 2 QG for the others.
     inverse, intra = 2 * 3, 2 * 3 * 3 * 3
-    untuned = 2 * intra // 3
     assert [everything.count(t) for t in ("akk_inverse", "intra", "recompute_wu", "fused_forward")] == [
-        inverse, intra, 2 * intra, 2 * intra + untuned]
-    assert len(templates("--qg", "off")) == inverse + 3 * intra + untuned
+        inverse, intra, 2 * intra, 2 * intra]
+    assert len(templates("--qg", "off")) == inverse + 3 * intra
     assert len(templates("--qg", "off", "--config", "ref")) == inverse + 3 * intra
     assert templates("--beta", "bf16", "--varlen", "dense", "--qg", "on", "--kv", "128x128", "--io", "bf16") == [
         "akk_inverse", "fused_forward", "intra", "recompute_wu"]
