@@ -3,7 +3,8 @@
     python benchmarks/bench_forward.py [--rows all|main|coverage|ROW,ROW...] [--configs [SLUG,...]] [--json out.json]
                                        [--plot out.png]
 
-Rows (K = V = 128, bf16 q/k/v, chunk 64, output_qg=False, FLA with safe_gate=True): B=2 T=8192 H=64 with bf16
+Rows (K = V = 128, bf16 q/k/v, chunk 64, output_qg=False, FLA with safe_gate=True; with `--gate any`, FLA's
+logsigmoid gates and safe_gate=False on both sides): B=2 T=8192 H=64 with bf16
 and fp32 beta; 32 packed sequences of lengths uniform in 1..4096 (seed 0), H=64; B=1 T=8192 H=32;
 B=8 T=2048 H=32; B=1 T=65536 H=8. The coverage rows (`--rows coverage`, not in `all`): B=2 T=8192 H=64 with
 fp16 q/k/v and beta, with K = V = 64 and 256 (bf16), and with grouped value heads (q, k with 16 heads, v, gk,
@@ -79,7 +80,7 @@ def kernel_breakdown(fn) -> list[tuple[str, float]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
-def make_row_inputs(B, T, H, beta, sequences, io="bf16", K=128, group=1):
+def make_row_inputs(B, T, H, beta, sequences, io="bf16", K=128, group=1, safe_gate=True):
     beta_dtype = BETA_TORCH_DTYPES[beta]
     cu = None
     if sequences:
@@ -88,7 +89,7 @@ def make_row_inputs(B, T, H, beta, sequences, io="bf16", K=128, group=1):
         cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32).cuda()
         B, T = 1, int(lengths.sum())
     x = reference.make_inputs(B, T, H // group, K, K, beta_dtype=beta_dtype, io_dtype=IO_TORCH_DTYPES[io],
-                              cu_seqlens=cu, value_heads=H, device="cuda")
+                              cu_seqlens=cu, value_heads=H, device="cuda", gate_scale=None if safe_gate else 1.0)
     return x, cu, B * T
 
 
@@ -106,10 +107,10 @@ def standalone_route():
             os.environ["KDAJIT_FORWARD_ROUTE"] = before
 
 
-def run_row(name: str, configs: str | None) -> dict:
+def run_row(name: str, configs: str | None, safe_gate: bool = True) -> dict:
     B, T, H, beta, sequences, io, K, group = ROWS[name]
-    x, cu, tokens = make_row_inputs(B, T, H, beta, sequences, io, K, group)
-    args = (x["q"], x["k"], x["v"], x["gk"], x["beta"], None, cu, 64, False, True, None)
+    x, cu, tokens = make_row_inputs(B, T, H, beta, sequences, io, K, group, safe_gate)
+    args = (x["q"], x["k"], x["v"], x["gk"], x["beta"], None, cu, 64, False, safe_gate, None)
 
     def fused(config=FusedConfig()):
         return lambda: api._forward(*args, fused_config=config)
@@ -118,14 +119,15 @@ def run_row(name: str, configs: str | None) -> dict:
         return api._forward(*args)
 
     r = {"row": name, "B": B, "T": T, "H": H, "qk_heads": H // group, "K": K, "io": io, "tokens": tokens,
-         "sequences": sequences,
+         "sequences": sequences, "safe_gate": safe_gate,
          "beta": beta, "gpu": torch.cuda.get_device_name()}
     r["forward_ms"] = bench(forward_route)
     with standalone_route():
         r["standalone_ms"] = bench(forward_route)
         r["standalone_kernels"] = kernel_breakdown(forward_route)
     if configs:  # the configurations of the space that fit this specialization ("all" or the named ones)
-        spec = ForwardSpec(beta, "cu32" if sequences else "dense", K, K, 64, False, compiler.current_arch(), io)
+        spec = ForwardSpec(beta, "cu32" if sequences else "dense", K, K, 64, False, compiler.current_arch(), io,
+                           safe_gate)
         wanted = [c for c in tuner.candidates(spec)[0] if configs == "all" or c.slug() in configs.split(",")]
         r["configs_ms"] = {c.slug(): bench(fused(c)) for c in wanted}
     try:
@@ -133,7 +135,7 @@ def run_row(name: str, configs: str | None) -> dict:
 
         scale = x["q"].shape[-1] ** -0.5
         r["fla_ms"] = bench(lambda: fla_intra(x["q"], x["k"], x["v"], x["gk"], x["beta"], scale, cu_seqlens=cu,
-                                              safe_gate=True))
+                                              safe_gate=safe_gate))
     except ImportError:
         r["fla_ms"] = None
     nbytes = minimal_bytes(tokens, H, K, K, 64, x["beta"].element_size(), group)
@@ -180,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
                              f"{list(ROWS)}")
     parser.add_argument("--configs", nargs="?", const="all", default=None, metavar="SLUG,...",
                         help="also time every fused configuration that fits (or the named ones)")
+    parser.add_argument("--gate", choices=("safe", "any"), default="safe",
+                        help="safe: lower-bound gates, safe_gate=True (default); any: FLA's logsigmoid test gates, "
+                             "safe_gate=False for kdajit and FLA (FLA's token-parallel intra)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--plot", help="draw time against tokens x heads to this PNG (needs matplotlib)")
     args = parser.parse_args(argv)
@@ -194,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     results = []
     for name in names:
-        r = run_row(name, args.configs)
+        r = run_row(name, args.configs, args.gate == "safe")
         results.append(r)
         print(f"{name}: forward {r['forward_ms']:.3f} ms, standalone {r['standalone_ms']:.3f} ms, FLA "
               f"{r['fla_ms'] or float('nan'):.3f} ms, floor {r['floor_ms']:.3f} ms", flush=True)

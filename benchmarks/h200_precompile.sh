@@ -21,21 +21,27 @@ configs=(); while read -r flag word; do configs+=("$flag" "$word"); done < <(con
 qg_configs=(); while read -r flag word; do qg_configs+=("$flag" "$word"); done < <(config_words on)
 precompile() { python -m kdajit precompile --cache-dir "$root" --arch sm_90a --no-progress "$@" | tail -1; }
 fused_bf16_128() { precompile --only fused_forward --io bf16 --kv 128 "$@"; }  # the fused configuration space
+cov() { precompile --gate safe "$@"; }  # the safe-gate coverage kernels (the any-gate ones are listed below)
 python benchmarks/fused_phases.py --export .gpu-cache/phases
-precompile --io bf16 --kv 128                                      # every reference kernel of bf16 K = V = 128
+precompile --io bf16 --kv 128                      # every reference kernel of bf16 K = V = 128, both gate paths
 # tests/test_gpu_coverage.py: fp16 and K = V = 64, 256 with beta in the io dtype, dense and cu32; QG on with the
 # reference and a persistent configuration, QG off with the reference and tile-w8 (also the coverage bench rows)
 persistent_c1="persistent=true;ctas_per_sm=1;raster=head;loads_ahead=1"
 tile_w8="persistent=false;ctas_per_sm=2;raster=chunk;loads_ahead=0;warps=8"
-precompile --io fp16 --beta fp16 --kv 64,128,256 --varlen dense,cu32 --qg on --config ref --config "$persistent_c1"
-precompile --io bf16 --beta bf16 --kv 64,256 --varlen dense,cu32 --qg on --config ref --config "$persistent_c1"
-precompile --io fp16 --beta fp16 --kv 64,128,256 --varlen dense,cu32 --qg off --config ref --config "$tile_w8"
-precompile --io bf16 --beta bf16 --kv 64,256 --varlen dense,cu32 --qg off --config ref --config "$tile_w8"
-fused_bf16_128 --beta bf16,fp32 --varlen dense --qg off "${configs[@]}"  # bench_forward rows
-fused_bf16_128 --beta fp32 --varlen dense --qg on "${qg_configs[@]}"     # tests/test_gpu_fused.py
-fused_bf16_128 --beta bf16 --varlen cu64 --qg off "${configs[@]}"
-fused_bf16_128 --beta bf16 --varlen cu32 --qg on \
+cov --io fp16 --beta fp16 --kv 64,128,256 --varlen dense,cu32 --qg on --config ref --config "$persistent_c1"
+cov --io bf16 --beta bf16 --kv 64,256 --varlen dense,cu32 --qg on --config ref --config "$persistent_c1"
+cov --io fp16 --beta fp16 --kv 64,128,256 --varlen dense,cu32 --qg off --config ref --config "$tile_w8"
+cov --io bf16 --beta bf16 --kv 64,256 --varlen dense,cu32 --qg off --config ref --config "$tile_w8"
+fused_bf16_128 --gate safe --beta bf16,fp32 --varlen dense --qg off "${configs[@]}"  # bench_forward rows
+fused_bf16_128 --gate safe --beta fp32 --varlen dense --qg on "${qg_configs[@]}"     # tests/test_gpu_fused.py
+fused_bf16_128 --gate safe --beta bf16 --varlen cu64 --qg off "${configs[@]}"
+fused_bf16_128 --gate safe --beta bf16 --varlen cu32 --qg on \
   --config "persistent=true;ctas_per_sm=2;raster=head;loads_ahead=0"
-fused_bf16_128 --beta bf16 --varlen dense --qg on "${qg_configs[@]}"     # stressconfigs
+fused_bf16_128 --gate safe --beta bf16 --varlen dense --qg on "${qg_configs[@]}"     # stressconfigs
+# tests/test_gpu_any_gate.py (every configuration, QG on and off; the coverage cases) and bench_forward --gate any
+fused_bf16_128 --gate any --beta fp32 --varlen dense,cu64 --qg off "${configs[@]}"
+fused_bf16_128 --gate any --beta fp32 --varlen dense,cu64 --qg on "${qg_configs[@]}"
+precompile --gate any --io fp16 --beta fp16 --kv 64 --varlen cu64 --qg on --config ref
+precompile --gate any --io bf16 --beta bf16 --kv 256 --varlen cu64 --qg on --config ref
 tar -C .gpu-cache -cJf .gpu-cache/cpu.tar.xz cpu phases
 ls -la .gpu-cache/cpu.tar.xz

@@ -17,6 +17,8 @@ from kdajit import keys as kkeys
 from kdajit.keys import ForwardSpec, KernelConfig, key_from_json
 
 QG_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
+# ForwardSpec.safe_gate: the lower-bound gate's fast path, the any-gate path, or both
+GATE_CHOICES = {"safe": (True,), "any": (False,), "both": (True, False)}
 _FIELD_CHOICES = {"io_dtype": kkeys.IO_DTYPES, "beta_dtype": kkeys.BETA_DTYPES, "varlen": kkeys.VARLEN_MODES,
                   "head_k": kkeys.HEAD_DIMS,
                   "head_v": kkeys.HEAD_DIMS, "chunk": kkeys.CHUNK_SIZES, "arch": kkeys.ARCHS}
@@ -87,7 +89,7 @@ def _typed(text: str, type_name, what: str):
 
 def expand(archs: list[str], betas: list[str], varlens: list[str], kvs: list[tuple[int, int]],
            chunks: list[int], qgs: list[bool], only: list[str] | None = None,
-           configs: list[str] | None = None, ios: list[str] = ("bf16",)) -> list:
+           configs: list[str] | None = None, ios: list[str] = ("bf16",), gates: list[bool] = (True,)) -> list:
     """The distinct kernel keys of the cross product of ForwardSpec fields (validated), sorted.
 
     Keys that do not depend on a field (the inverse has no beta or head dims) appear once. Without
@@ -100,9 +102,9 @@ def expand(archs: list[str], betas: list[str], varlens: list[str], kvs: list[tup
     if unknown:
         raise ValueError(f"--only {sorted(unknown)}: kernels are {sorted(kkeys.KEY_TYPES)}")
     found, used = {}, set()
-    for arch, beta, varlen, (head_k, head_v), chunk, qg, io in itertools.product(archs, betas, varlens, kvs, chunks,
-                                                                                  qgs, ios):
-        spec = ForwardSpec(beta, varlen, head_k, head_v, chunk, qg, arch, io)
+    for arch, beta, varlen, (head_k, head_v), chunk, qg, io, gate in itertools.product(archs, betas, varlens, kvs,
+                                                                                        chunks, qgs, ios, gates):
+        spec = ForwardSpec(beta, varlen, head_k, head_v, chunk, qg, arch, io, gate)
         for key in spec.kernel_keys():
             if key.TEMPLATE not in only_set:
                 continue

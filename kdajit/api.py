@@ -25,10 +25,10 @@ class _Kernels(NamedTuple):
 
 @functools.lru_cache(maxsize=None)
 def _spec(beta_dtype: str, varlen: str, head_k: int, head_v: int, chunk: int, output_qg: bool,
-          device_index: int, io_dtype: str = "bf16") -> ForwardSpec:
+          device_index: int, io_dtype: str = "bf16", safe_gate: bool = True) -> ForwardSpec:
     """The specialization of a call (memoized: building it costs more than the lookups)."""
     return ForwardSpec(beta_dtype, varlen, head_k, head_v, chunk, output_qg, compiler.current_arch(device_index),
-                       io_dtype)
+                       io_dtype, safe_gate)
 
 
 @functools.lru_cache(maxsize=None)
@@ -38,13 +38,14 @@ def _sm_count(device_index: int) -> int:
 
 def _kernels(problem, chunk: int, output_qg: bool, device_index: int, *, intra: bool, recompute: bool,
              fused_config: FusedConfig | None = None, seqs: int = 0,
-             shape: Callable[[], tuner.TuneShape] | None = None) -> _Kernels:
+             shape: Callable[[], tuner.TuneShape] | None = None, safe_gate: bool = True) -> _Kernels:
     """The kernels a call runs, fetched together (one table lookup each): the fused kernel when both
     stages run on an arch that has one and KDAJIT_FORWARD_ROUTE allows it, else intra + inverse
     and/or recompute. The fused kernel runs in `fused_config`, else in the configuration the tuner
-    picks for the workload (`seqs` sequences; `shape` describes the call if it has to be tuned)."""
+    picks for the workload (`seqs` sequences; `shape` describes the call if it has to be tuned). `safe_gate`:
+    the intra products' gate path (kdajit.keys.ForwardSpec)."""
     spec = _spec(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk, output_qg, device_index,
-                 problem.io_dtype)
+                 problem.io_dtype, safe_gate)
     fused_route = intra and recompute and spec.uses_fused and env.forward_route() == "auto"
     if fused_config is None and spec.untuned_fused_config is None:
         fused_route = False  # the standalone kernels are faster here; a given fused_config still runs the fused kernel
@@ -56,7 +57,8 @@ def _kernels(problem, chunk: int, output_qg: bool, device_index: int, *, intra: 
         tuned = fused_config is None
         if tuned:
             tokens = problem.batch * problem.tokens
-            fused_config = tuner.config_for(spec, device_index, tokens, problem.heads, seqs, _fused_launcher, shape)
+            fused_config = tuner.config_for(spec, device_index, tokens, problem.heads, seqs,
+                                            _FUSED_LAUNCHERS[safe_gate], shape)
         key = spec.fused_key(fused_config)
         try:
             fused, = cache.get_kernels((key,))
@@ -166,7 +168,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
     """The whole KDA forward intra stage: Aqk, Akk = (I+L)^-1, W, U, KG (and QG if `output_qg`).
 
     q, k: bf16 or fp16 [B, T, H, K], K in {64, 128, 256}; v: [B, T, HV, V] (V == K) in q's dtype; gk:
-    fp32 chunk-local cumulative log2 gate [B, T, HV, K]; beta: bf16, fp16 or fp32 [B, T, HV]. HV = H, or
+    fp32 chunk-local cumulative log2 gate [B, T, HV, K] (non-increasing within a chunk); beta: bf16, fp16 or
+    fp32 [B, T, HV]. `safe_gate=True` (the default) promises KDA's lower-bound gate (every per-token log-gate
+    >= -5) and runs the fast path; `safe_gate=False` runs the any-gate path, finite and accurate for every
+    gate (docs/numerics.md), with its own bits. HV = H, or
     a multiple of H for grouped value heads (value head h uses q, k head h // (HV / H), as FLA). The
     outputs have q's dtype and HV heads; scale defaults to K ** -0.5; cu_seqlens: int32 or
     int64 [N+1] with B == 1 for packed sequences. On sm_90a one fused kernel computes everything (but at K = 256,
@@ -179,12 +184,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
     """
     _refuse_autograd("forward", q=q, k=k, v=v, gk=gk, beta=beta)
     if torch.compiler.is_compiling():
+        validate.check_safe_gate(safe_gate)
         scale = q.shape[-1] ** -0.5 if scale is None else scale
         if out is None:
-            Aqk, Akk, w, u, kg, qg = ops.forward(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, output_qg)
+            Aqk, Akk, w, u, kg, qg = ops.forward(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, output_qg,
+                                                 safe_gate)
             return ForwardOutput(Aqk, Akk, w, u, kg, qg if output_qg else None)
         ops.forward_out(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, out.Aqk, out.Akk, out.w, out.u, out.kg,
-                        out.qg if output_qg else None)
+                        out.qg if output_qg else None, safe_gate)
         return ForwardOutput(*out[:5], out.qg if output_qg else None)
     return _forward(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, output_qg, safe_gate, out)
 
@@ -200,7 +207,8 @@ def _forward(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, output_qg, safe_g
     scale = problem.head_k ** -0.5 if scale is None else float(scale)
     seqs = problem.batch if cu_seqlens is None else cu_seqlens.numel() - 1
     kernels = _kernels(problem, chunk_size, bool(output_qg), _device_index(q), intra=True, recompute=True,
-                       fused_config=fused_config, seqs=seqs, shape=lambda: _tune_shape(problem, cu_seqlens))
+                       fused_config=fused_config, seqs=seqs, shape=lambda: _tune_shape(problem, cu_seqlens),
+                       safe_gate=safe_gate)
     cu = _cu_seqlens_arg(cu_seqlens, q.device)
     q_for_qg = q if output_qg else None
     Aqk, Akk = _intra_outputs(out, problem, q)
@@ -219,7 +227,7 @@ def _tune_shape(problem, cu_seqlens: torch.Tensor | None) -> tuner.TuneShape:
     return tuner.TuneShape(problem.batch, problem.tokens, problem.heads, lengths)
 
 
-def _fused_launcher(config: FusedConfig, x: dict, out: ForwardOutput) -> Callable[[], None]:
+def _fused_launcher(config: FusedConfig, x: dict, out: ForwardOutput, safe_gate: bool = True) -> Callable[[], None]:
     """One launch of the fused kernel in `config` on the inputs `x` into `out`, validated and looked up
     once (the tuner guards and times these; QG is written when `out.qg` is given)."""
     output_qg = out.qg is not None
@@ -227,16 +235,21 @@ def _fused_launcher(config: FusedConfig, x: dict, out: ForwardOutput) -> Callabl
     q, k, v, gk, beta, cu_seqlens = (x.get(n) for n in ("q", "k", "v", "gk", "beta", "cu_seqlens"))
     written = ("Aqk", "Akk", "w", "u", "kg") + ("qg",) * output_qg
     problem = validate.check_forward_inputs(q, k, v, gk, beta, cu_seqlens, chunk, _given_outputs(out, written))
-    kernels = _kernels(problem, chunk, output_qg, _device_index(q), intra=True, recompute=True, fused_config=config)
+    kernels = _kernels(problem, chunk, output_qg, _device_index(q), intra=True, recompute=True, fused_config=config,
+                       safe_gate=safe_gate)
     cu = _cu_seqlens_arg(cu_seqlens, q.device)
     return functools.partial(_run_fused, q, k, v, gk, beta, problem.head_k ** -0.5, cu, kernels, *out[:5],
                              out.qg)
 
 
+# The tuner's launchers by gate path (what it guards and times is the kernel of the spec being tuned).
+_FUSED_LAUNCHERS = {gate: functools.partial(_fused_launcher, safe_gate=gate) for gate in (True, False)}
+
+
 def tune(batch: int, tokens: int, heads: int, *, beta_dtype: str = "bf16", varlen: str = "dense",
          lengths: tuple[int, ...] | None = None, head_k: int = 128, head_v: int = 128, chunk_size: int = 64,
-         output_qg: bool = False, io_dtype: str = "bf16", force: bool = False, device: int | None = None,
-         progress: tuner.Progress | None = None) -> tune_records.TuningRecord:
+         output_qg: bool = False, io_dtype: str = "bf16", safe_gate: bool = True, force: bool = False,
+         device: int | None = None, progress: tuner.Progress | None = None) -> tune_records.TuningRecord:
     """Tune the fused kernel for one specialization and workload on this GPU, and store the record.
 
     The workload is dense [batch, tokens] with `heads` heads or, for varlen "cu32"/"cu64", the
@@ -245,8 +258,10 @@ def tune(batch: int, tokens: int, heads: int, *, beta_dtype: str = "bf16", varle
     the tuning inputs and edge-case probes; only those are timed; the winner (ties within 1% go to
     the earlier configuration) is stored for the workload's bucket, where `forward` finds it
     (KDAJIT_AUTOTUNE=cached, the default). Already timed candidates are kept unless `force`.
-    `io_dtype` is the dtype of q, k, v ("bf16" or "fp16"). Returns the record (`kdajit cache ls` lists it).
+    `io_dtype` is the dtype of q, k, v ("bf16" or "fp16"); `safe_gate` the gate path (`forward`'s). Returns the
+    record (`kdajit cache ls` lists it).
     """
+    validate.check_safe_gate(safe_gate)
     if varlen != "dense" and (lengths is None or batch != 1):
         raise ValueError(f"varlen={varlen!r} tunes packed sequences: pass lengths=(...) and batch=1 "
                          f"(got lengths={lengths!r}, batch={batch})")
@@ -264,7 +279,7 @@ def tune(batch: int, tokens: int, heads: int, *, beta_dtype: str = "bf16", varle
     if device is not None and (type(device) is not int or not 0 <= device < torch.cuda.device_count()):
         raise ValueError(f"device={device!r} must be a CUDA device index in [0, {torch.cuda.device_count()})")
     device_index = torch.cuda.current_device() if device is None else device
-    spec = _spec(beta_dtype, varlen, head_k, head_v, chunk_size, bool(output_qg), device_index, io_dtype)
+    spec = _spec(beta_dtype, varlen, head_k, head_v, chunk_size, bool(output_qg), device_index, io_dtype, safe_gate)
     if not spec.uses_fused or env.forward_route() != "auto":
         raise ValueError(f"nothing to tune on arch {spec.arch} with KDAJIT_FORWARD_ROUTE={env.forward_route()}: "
                          f"the standalone kernels have one configuration each; expected an sm_90a GPU and the "
@@ -276,7 +291,8 @@ def tune(batch: int, tokens: int, heads: int, *, beta_dtype: str = "bf16", varle
     shape = tuner.TuneShape(batch, sum(lengths) if lengths else tokens, heads, tuple(lengths) if lengths else None)
     key = tuner.tuning_key(spec, device_index, shape.total_tokens, heads, shape.seqs)
     with torch.cuda.device(device_index):
-        return tuner.tune(key, shape, _fused_launcher, force=force, device_index=device_index, progress=progress)
+        return tuner.tune(key, shape, _FUSED_LAUNCHERS[safe_gate], force=force, device_index=device_index,
+                          progress=progress)
 
 
 def intra(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor, scale: float | None = None, *,
@@ -287,15 +303,16 @@ def intra(q: torch.Tensor, k: torch.Tensor, gk: torch.Tensor, beta: torch.Tensor
     `out`: optional preallocated outputs (only its Aqk and Akk are used).
     """
     _refuse_autograd("intra", q=q, k=k, gk=gk, beta=beta)
-    if torch.compiler.is_compiling() and out is None:
-        Aqk, Akk = ops.intra(q, k, gk, beta, q.shape[-1] ** -0.5 if scale is None else scale, cu_seqlens, chunk_size)
-        return Aqk, Akk
     validate.check_safe_gate(safe_gate)
+    if torch.compiler.is_compiling() and out is None:
+        Aqk, Akk = ops.intra(q, k, gk, beta, q.shape[-1] ** -0.5 if scale is None else scale, cu_seqlens, chunk_size,
+                             safe_gate)
+        return Aqk, Akk
     validate.check_scale(scale)
     problem = validate.check_forward_inputs(q, k, None, gk, beta, cu_seqlens, chunk_size,
                                             _given_outputs(out, ("Aqk", "Akk")))
     scale = problem.head_k ** -0.5 if scale is None else float(scale)
-    kernels = _kernels(problem, chunk_size, False, _device_index(q), intra=True, recompute=False)
+    kernels = _kernels(problem, chunk_size, False, _device_index(q), intra=True, recompute=False, safe_gate=safe_gate)
     cu = _cu_seqlens_arg(cu_seqlens, q.device)
     Aqk, Akk = _intra_outputs(out, problem, q)
     _run_intra(q, k, gk, beta, scale, cu, kernels, Aqk, Akk)
@@ -330,8 +347,8 @@ def chunk_kda_fwd_intra(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: t
                         disable_recompute: bool = False):
     """FLA's `chunk_kda_fwd_intra` signature and defaults: returns (w, u, qg, kg, Aqk, Akk).
 
-    `safe_gate=True` promises the lower-bound gate (required: the exact path for arbitrary gates
-    raises NotImplementedError). `disable_recompute=True` also returns QG (else qg is None).
+    `safe_gate=True` promises the lower-bound gate (the fast path); False (FLA's default) runs the any-gate
+    path. `disable_recompute=True` also returns QG (else qg is None).
     `chunk_indices` is accepted for compatibility and not needed: each kdajit tile finds its sequence
     in cu_seqlens itself.
     """

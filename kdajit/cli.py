@@ -103,6 +103,7 @@ def _cross_product(args: argparse.Namespace, current_arch) -> list:
         only=keyspec.split_words(args.only) or None,
         configs=list(args.config or []) or None,
         ios=keyspec.split_words(args.io) or list(keys.IO_DTYPES),
+        gates=list(keyspec.GATE_CHOICES[args.gate]),
     )
 
 
@@ -123,7 +124,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             raise ValueError(f"--beta {beta!r} is not one of {', '.join(keys.BETA_DTYPES)}")
     try:
         return tuning.run_tune(args.shape, betas, args.varlen, args.qg == "on", args.force, args.json,
-                               not args.no_progress, args.io, args.kv)
+                               not args.no_progress, args.io, args.kv, args.gate == "any")
     except RuntimeError as e:  # no GPU, a strict-bitwise mismatch: said in one line, not a traceback
         print(f"kdajit: error: {e}", file=sys.stderr)
         return 1
@@ -185,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv", action="append", help="head dims: K (V=K) or KxV, e.g. 128 or 128x128")
     p.add_argument("--chunk", action="append", help=f"chunk sizes, of {', '.join(map(str, keys.CHUNK_SIZES))}")
     p.add_argument("--qg", choices=sorted(keyspec.QG_CHOICES), default="both", help="output_qg variants")
+    p.add_argument("--gate", choices=sorted(keyspec.GATE_CHOICES), default="both",
+                   help="gate paths: safe (safe_gate=True), any (safe_gate=False) or both")
     p.add_argument("--only", action="append", help=f"only these kernels, of {', '.join(keys.KEY_TYPES)}")
     p.add_argument("--config", action="append", help="kernel config as field=value pairs, or 'ref' (default: the "
                                                      "reference configurations and the fused kernel's untuned one)")
@@ -207,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--qg", choices=("off", "on"), default="off", help="output_qg")
     t.add_argument("--io", choices=keys.IO_DTYPES, default="bf16", help="q/k/v dtype (default bf16)")
     t.add_argument("--kv", type=int, choices=keys.HEAD_DIMS, default=128, help="head size K = V (default 128)")
+    t.add_argument("--gate", choices=("safe", "any"), default="safe",
+                   help="gate path: safe (safe_gate=True, default) or any (safe_gate=False)")
     t.add_argument("--force", action="store_true", help="re-time every candidate, even ones already recorded")
     t.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     t.set_defaults(func=_cmd_tune)

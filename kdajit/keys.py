@@ -183,6 +183,7 @@ class IntraKey(_KernelKey):
     arch: str
     config: KernelConfig = KernelConfig()
     io_dtype: str = "bf16"
+    safe_gate: bool = True
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,7 @@ class FusedForwardKey(_SpecKey):
     CONFIG: ClassVar[type] = FusedConfig
     config: FusedConfig = FusedConfig()
     io_dtype: str = "bf16"
+    safe_gate: bool = True
 
 
 KEY_TYPES = {k.TEMPLATE: k for k in (IntraKey, AkkInverseKey, RecomputeWUKey, FusedForwardKey)}
@@ -260,7 +262,12 @@ def key_from_json(d: dict) -> _KernelKey:
 
 @dataclass(frozen=True)
 class ForwardSpec:
-    """One user-level specialization of the forward intra stage."""
+    """One user-level specialization of the forward intra stage.
+
+    `safe_gate`: True for the fast path that assumes KDA's lower-bound gate (every per-token log-gate >= -5);
+    False for the any-gate path (diagonal blocks by per-pair exponentials in fp32, finite for every gate <= 0;
+    docs/numerics.md). The two give different bits; each is exact in its own order.
+    """
 
     beta_dtype: str
     varlen: str
@@ -270,6 +277,7 @@ class ForwardSpec:
     output_qg: bool
     arch: str
     io_dtype: str = "bf16"
+    safe_gate: bool = True
 
     def __post_init__(self) -> None:
         _check_choice("io_dtype (q, k, v dtype)", self.io_dtype, IO_DTYPES)
@@ -284,9 +292,12 @@ class ForwardSpec:
         _check_choice("arch", self.arch, ARCHS)
         if not isinstance(self.output_qg, bool):
             raise ValueError(f"output_qg={self.output_qg!r} must be a bool")
+        if not isinstance(self.safe_gate, bool):
+            raise ValueError(f"safe_gate={self.safe_gate!r} must be a bool")
 
     def intra_key(self, config: KernelConfig = KernelConfig()) -> IntraKey:
-        return IntraKey(self.beta_dtype, self.varlen, self.head_k, self.chunk, self.arch, config, self.io_dtype)
+        return IntraKey(self.beta_dtype, self.varlen, self.head_k, self.chunk, self.arch, config, self.io_dtype,
+                        self.safe_gate)
 
     def inverse_key(self, config: KernelConfig = KernelConfig()) -> AkkInverseKey:
         return AkkInverseKey(self.varlen, self.chunk, self.arch, config, self.io_dtype)
@@ -297,7 +308,7 @@ class ForwardSpec:
 
     def fused_key(self, config: FusedConfig = FusedConfig()) -> FusedForwardKey:
         return FusedForwardKey(self.beta_dtype, self.varlen, self.head_k, self.head_v, self.chunk,
-                               self.output_qg, self.arch, config, self.io_dtype)
+                               self.output_qg, self.arch, config, self.io_dtype, self.safe_gate)
 
     @property
     def uses_fused(self) -> bool:

@@ -24,16 +24,17 @@ def _qg_or_empty(qg: Tensor | None, like: Tensor) -> Tensor:
 
 @torch.library.custom_op("kdajit::forward", mutates_args=())
 def forward(q: Tensor, k: Tensor, v: Tensor, gk: Tensor, beta: Tensor, scale: float, cu_seqlens: Tensor | None,
-            chunk_size: int, output_qg: bool) -> list[Tensor]:
+            chunk_size: int, output_qg: bool, safe_gate: bool = True) -> list[Tensor]:
     """[Aqk, Akk, w, u, kg, qg] (qg empty unless `output_qg`); see `kdajit.forward`."""
     from kdajit import api
 
-    out = api.forward(q, k, v, gk, beta, scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size, output_qg=output_qg)
+    out = api.forward(q, k, v, gk, beta, scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size, output_qg=output_qg,
+                      safe_gate=safe_gate)
     return [out.Aqk, out.Akk, out.w, out.u, out.kg, _qg_or_empty(out.qg, q)]
 
 
 @forward.register_fake
-def _forward_fake(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, output_qg):
+def _forward_fake(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, output_qg, safe_gate=True):
     B, T, HV, K = gk.shape  # HV value heads (grouped: a multiple of q's H)
     return [q.new_empty(B, T, HV, chunk_size), q.new_empty(B, T, HV, chunk_size), q.new_empty(B, T, HV, K),
             q.new_empty(v.shape), q.new_empty(B, T, HV, K), q.new_empty(B, T, HV, K) if output_qg else q.new_empty(0)]
@@ -42,30 +43,30 @@ def _forward_fake(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, output_qg):
 @torch.library.custom_op("kdajit::forward_out", mutates_args=("Aqk", "Akk", "w", "u", "kg", "qg"))
 def forward_out(q: Tensor, k: Tensor, v: Tensor, gk: Tensor, beta: Tensor, scale: float, cu_seqlens: Tensor | None,
                 chunk_size: int, Aqk: Tensor, Akk: Tensor, w: Tensor, u: Tensor, kg: Tensor,
-                qg: Tensor | None) -> None:
+                qg: Tensor | None, safe_gate: bool = True) -> None:
     """`kdajit.forward(..., out=ForwardOutput(Aqk, Akk, w, u, kg, qg))`, QG computed when `qg` is given."""
     from kdajit import api
 
     api.forward(q, k, v, gk, beta, scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size, output_qg=qg is not None,
-                out=ForwardOutput(Aqk, Akk, w, u, kg, qg))
+                safe_gate=safe_gate, out=ForwardOutput(Aqk, Akk, w, u, kg, qg))
 
 
 @forward_out.register_fake
-def _forward_out_fake(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, Aqk, Akk, w, u, kg, qg):
+def _forward_out_fake(q, k, v, gk, beta, scale, cu_seqlens, chunk_size, Aqk, Akk, w, u, kg, qg, safe_gate=True):
     return None
 
 
 @torch.library.custom_op("kdajit::intra", mutates_args=())
 def intra(q: Tensor, k: Tensor, gk: Tensor, beta: Tensor, scale: float, cu_seqlens: Tensor | None,
-          chunk_size: int) -> list[Tensor]:
+          chunk_size: int, safe_gate: bool = True) -> list[Tensor]:
     """[Aqk, Akk]; see `kdajit.intra`."""
     from kdajit import api
 
-    return list(api.intra(q, k, gk, beta, scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size))
+    return list(api.intra(q, k, gk, beta, scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size, safe_gate=safe_gate))
 
 
 @intra.register_fake
-def _intra_fake(q, k, gk, beta, scale, cu_seqlens, chunk_size):
+def _intra_fake(q, k, gk, beta, scale, cu_seqlens, chunk_size, safe_gate=True):
     B, T, HV, _ = gk.shape
     return [q.new_empty(B, T, HV, chunk_size), q.new_empty(B, T, HV, chunk_size)]
 

@@ -214,13 +214,15 @@ def make_inputs(B: int, T: int, H: int, K: int = 128, V: int = 128, *, beta_dtyp
                 io_dtype: torch.dtype = torch.bfloat16, cu_seqlens: torch.Tensor | None = None,
                 lower_bound: float = -5.0, value_heads: int | None = None,
                 device: str | torch.device = "cpu", generator: torch.Generator | None = None,
-                chunk_size: int = 64) -> dict[str, torch.Tensor]:
-    """Realistic KDA forward inputs with the lower-bound ("safe") gate; all contiguous, on `device`.
+                chunk_size: int = 64, gate_scale: float | None = None,
+                gate_zeros: float = 0.0) -> dict[str, torch.Tensor]:
+    """Realistic KDA forward inputs, by default with the lower-bound ("safe") gate; all contiguous, on `device`.
 
     Returns a dict with (HV = `value_heads`, default H; a multiple of H gives grouped value heads)
         q, k: [B, T, H, K] in `io_dtype`, L2-normalised over K;  v: [B, T, HV, V] `io_dtype` standard normal;
         g_raw: [B, T, HV, K] fp32 per-token natural-log gates lower_bound * sigmoid(randn), in
-            [lower_bound, 0);
+            [lower_bound, 0); with `gate_scale`, FLA's unbounded test gates logsigmoid(randn) * gate_scale
+            instead (for safe_gate=False), a `gate_zeros` fraction of them exactly 0 (FLA's mask_p);
         gk: [B, T, HV, K] fp32, chunk-local cumsum of g_raw (restarting at every chunk and sequence
             start) times 1/ln 2, summed in fp32;
         beta: [B, T, HV] sigmoid(randn) in `beta_dtype`;
@@ -237,7 +239,12 @@ def make_inputs(B: int, T: int, H: int, K: int = 128, V: int = 128, *, beta_dtyp
     q = F.normalize(randn(B, T, H, K), dim=-1).to(io_dtype)
     k = F.normalize(randn(B, T, H, K), dim=-1).to(io_dtype)
     v = randn(B, T, HV, V).to(io_dtype)
-    g_raw = lower_bound * torch.sigmoid(randn(B, T, HV, K))
+    if gate_scale is None:
+        g_raw = lower_bound * torch.sigmoid(randn(B, T, HV, K))
+    else:
+        g_raw = F.logsigmoid(randn(B, T, HV, K)) * gate_scale
+    if gate_zeros:
+        g_raw = torch.where(torch.rand(B, T, HV, K, generator=generator) < gate_zeros, 0.0, g_raw)
     beta = torch.sigmoid(randn(B, T, HV)).to(beta_dtype)
     gk = chunk_local_cumsum(g_raw, chunk_size, cu_seqlens=cu_seqlens, scale=RCP_LN2)
     out = {"q": q, "k": k, "v": v, "gk": gk, "beta": beta, "g_raw": g_raw}

@@ -147,11 +147,10 @@ def _value_heads(gk: torch.Tensor, batch: int, tokens: int, qk_heads: int, head_
 
 
 def check_safe_gate(safe_gate: object) -> None:
-    if safe_gate is not True:
-        raise NotImplementedError(
-            f"safe_gate={safe_gate!r}: kdajit implements only the safe-gate path (every per-token log-gate "
-            f">= -5, as KDA's lower-bound gate guarantees; pass safe_gate=True). The exact path for "
-            f"arbitrary gates is not implemented yet.")
+    if not isinstance(safe_gate, bool):
+        raise TypeError(
+            f"safe_gate={safe_gate!r} must be a bool: True (every per-token log-gate >= -5, as KDA's lower-bound "
+            f"gate guarantees: the fast path) or False (any gate <= 0)")
 
 
 def _check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, tokens: int, chunk: int) -> str:

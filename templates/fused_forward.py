@@ -64,7 +64,7 @@ from kdajit.keys import (FUSED_ARCHS, FUSED_WARPS, HEAD_DIMS, LOADS_AHEAD, RASTE
                          FusedForwardKey)
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
                                     make_struct, qk_head, sync_group)
-from kdajit.templates.tile_intra import (WARP_GROUPS_8, beta_row, intra_tile, load_rows, make_intra_mma,
+from kdajit.templates.tile_intra import (beta_row, intra_tile, load_rows, make_intra_mma, warp_schedule,
                                          make_row_copy, padded_pitch, padded_tile_layout)
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_layout, make_akk_store_copy,
                                            make_l_load_copy, store_akk_rows, x00_layout, zero_rows_from)
@@ -138,6 +138,7 @@ class FusedForward:
         self.chunk, self.head_k, self.head_v = key.chunk, key.head_k, key.head_v
         self.io = IO_TYPES[key.io_dtype]
         self.output_qg = key.output_qg
+        self.safe_gate = key.safe_gate
         self.varlen = key.varlen != "dense"
         self.config = key.config
         self.num_threads = 32 * key.config.warps
@@ -153,7 +154,7 @@ class FusedForward:
         fits = (key.chunk == 64 and key.head_k in HEAD_DIMS and key.head_v == key.head_k
                 and key.beta_dtype in DTYPES and key.io_dtype in IO_TYPES and key.varlen in VARLEN_MODES
                 and key.arch in FUSED_ARCHS
-                and isinstance(key.output_qg, bool))
+                and isinstance(key.output_qg, bool) and isinstance(key.safe_gate, bool))
         if (not fits or not isinstance(cfg.persistent, bool) or cfg.raster not in RASTER_ORDERS
                 or cfg.loads_ahead not in LOADS_AHEAD or cfg.warps not in FUSED_WARPS):
             return False
@@ -343,7 +344,7 @@ class FusedForward:
 
         if cutlass.const_expr("intra" in self.phases):
             intra_tile(intra_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, C), sL, warp_idx,
-                       lane, valid_rows, scale, WARP_GROUPS_8)
+                       lane, valid_rows, scale, warp_schedule(8, self.safe_gate), self.safe_gate)
             zero_rows_from(l_copy, sL, tidx, valid_rows)
         cute.arch.sync_threads()  # L complete; q consumed (its buffer becomes Kp)
 
@@ -393,7 +394,7 @@ class FusedForward:
         # 2. Intra: Aqk -> global, L -> smem; L rows >= valid_rows := +0.
         if cutlass.const_expr("intra" in self.phases):
             intra_tile(intra_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, C), sL, warp_idx,
-                       lane, valid_rows, scale)
+                       lane, valid_rows, scale, warp_schedule(4, self.safe_gate), self.safe_gate)
             zero_rows_from(l_copy, sL, tidx, valid_rows)
         cute.arch.sync_threads()
         if cutlass.const_expr(q_early):

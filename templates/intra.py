@@ -64,7 +64,7 @@ from kdajit.keys import ARCHS, HEAD_DIMS, VARLEN_MODES, IntraKey
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
                                     make_struct, qk_head)
 from kdajit.templates.tile_intra import (NUM_WARPS, intra_tile, load_beta, load_rows, make_intra_mma,
-                                         make_row_copy, padded_pitch, padded_tile_layout)
+                                         make_row_copy, padded_pitch, padded_tile_layout, warp_schedule)
 
 
 def intra_smem_struct(chunk: int, head_k: int, io):
@@ -94,12 +94,13 @@ class KdaIntra:
         self.io = IO_TYPES[key.io_dtype]
         self.varlen = key.varlen != "dense"
         self.num_threads = 32 * key.config.warps
+        self.safe_gate = key.safe_gate
 
     @staticmethod
     def can_implement(key) -> bool:
         return (isinstance(key, IntraKey) and key.config.warps == NUM_WARPS and key.head_k in HEAD_DIMS
                 and key.chunk == 64 and key.beta_dtype in DTYPES and key.varlen in VARLEN_MODES
-                and key.io_dtype in IO_TYPES and key.arch in ARCHS)
+                and key.io_dtype in IO_TYPES and key.arch in ARCHS and isinstance(key.safe_gate, bool))
 
     def fake_args(self) -> tuple:
         return fake_arguments(self.key)
@@ -149,4 +150,5 @@ class KdaIntra:
             cute.arch.sync_threads()
 
             intra_tile(tiled_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, self.chunk),
-                       chunk_rows(mL, batch, head, row0, self.chunk), warp_idx, lane, valid_rows, scale)
+                       chunk_rows(mL, batch, head, row0, self.chunk), warp_idx, lane, valid_rows, scale,
+                       warp_schedule(NUM_WARPS, self.safe_gate), self.safe_gate)

@@ -16,6 +16,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
+_RN = cute.math.RoundingMode.NEAREST_EVEN
+
 SUB = 16        # rows of one sub-block (the MMA M)
 MMA_K = 8       # head-dim step of one mma.sync m16n8k8
 PAD_BYTES = 16  # extra bytes per shared row: shifts consecutive rows by 4 banks
@@ -46,11 +48,29 @@ WARP_GROUPS_8 = (
     ((3, True, (3,)),),
 )
 
+# The any-gate schedule (safe_gate=False): the diagonal blocks are products on the CUDA cores (`exact_diagonal`),
+# several times an off-diagonal group's cost, so every warp takes one, beside the off-diagonal groups.
+WARP_GROUPS_EXACT = (
+    ((3, False, (0, 1, 2)), (0, True, (0,))),
+    ((2, False, (0, 1)), (1, True, (1,))),
+    ((1, False, (0,)), (2, True, (2,))),
+    ((3, True, (3,)),),
+)
+EXACT_STEP = 4  # head-dim columns per shared load in `exact_diagonal` (16 bytes of g)
+
 # Head-dimension steps per iteration of a block's mainloop, by schedule (the same operations in the same order
 # either way, so the same bits). Measured on the H200 (docs/performance.md, 2026-12-03): unrolled twice, the
 # 4-warp tile config is faster (1.16 against 1.20 ms); unrolled once, the 8-warp one is (1.05 against 1.31 ms),
 # with 10 KB less SASS per kernel.
-MAINLOOP_UNROLL = {WARP_GROUPS: 2, WARP_GROUPS_8: 1}
+MAINLOOP_UNROLL = {WARP_GROUPS: 2, WARP_GROUPS_8: 1, WARP_GROUPS_EXACT: 2}
+
+
+def warp_schedule(warps: int, safe_gate: bool) -> tuple:
+    """The intra blocks' warp schedule of a CTA with `warps` warps: WARP_GROUPS (4 warps, safe gate),
+    WARP_GROUPS_EXACT (4 warps, any gate) or WARP_GROUPS_8 (8 warps, either)."""
+    if warps == 8:
+        return WARP_GROUPS_8
+    return WARP_GROUPS if safe_gate else WARP_GROUPS_EXACT
 
 
 def padded_pitch(dtype, cols: int) -> int:
@@ -115,11 +135,13 @@ def beta_row(value, row: cutlass.Int32, valid_rows: cutlass.Int32) -> cutlass.Fl
 def intra_tile(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor,
                sBeta: cute.Tensor, dAqk: cute.Tensor, dL: cute.Tensor, warp_idx: cutlass.Int32,
                lane: cutlass.Int32, valid_rows: cutlass.Int32, scale: cutlass.Float32,
-               schedule: cutlass.Constexpr = WARP_GROUPS):
-    """All blocks of one tile, warp w running its static list schedule[w] (WARP_GROUPS: 4 warps).
+               schedule: cutlass.Constexpr = WARP_GROUPS, safe_gate: cutlass.Constexpr = True):
+    """All blocks of one tile, warp w running its static list schedule[w] (`warp_schedule`).
 
     dAqk, dL: [chunk, chunk] destinations (global or shared) of Aqk (io dtype) and L (fp32); rows
-    >= valid_rows are not written. The caller synchronizes before and after.
+    >= valid_rows are not written. `safe_gate`: diagonal blocks as TF32 products of shifted factors
+    (True) or as fp32 sums of per-pair exponentials (False, any gate; `exact_diagonal`). The caller
+    synchronizes before and after.
     """
     # One copy of the code per kind of group (`group_kinds`), its blocks chosen at run time by warp:
     # smaller code than a copy per group (the instruction caches are a budget, docs/performance.md).
@@ -131,7 +153,7 @@ def intra_tile(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: c
                           for n in range(width)]
             if SUB * a < valid_rows:
                 row_block_group(tiled_mma, sQ, sK, sG, sBeta, dAqk, dL, lane, valid_rows, scale,
-                                a, diagonal, col_blocks, MAINLOOP_UNROLL[schedule])
+                                a, diagonal, col_blocks, MAINLOOP_UNROLL[schedule], diagonal and not safe_gate)
 
 
 def group_kinds(schedule) -> list:
@@ -165,10 +187,12 @@ def instance_lookup(warp_idx: cutlass.Int32, j: cutlass.Int32, instances: dict, 
 def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor,
                     sBeta: cute.Tensor, dAqk: cute.Tensor, dL: cute.Tensor, lane: cutlass.Int32,
                     valid_rows: cutlass.Int32, scale: cutlass.Float32, a: cutlass.Int32,
-                    diagonal: cutlass.Constexpr, col_blocks: list, unroll: cutlass.Constexpr):
+                    diagonal: cutlass.Constexpr, col_blocks: list, unroll: cutlass.Constexpr,
+                    exact: cutlass.Constexpr = False):
     """Blocks (a, b) for b in col_blocks (run-time block indices), all with one reference row; also the
     zero blocks b > a when `diagonal` (then col_blocks == [a]). `unroll`: mainloop steps per iteration
-    (MAINLOOP_UNROLL)."""
+    (MAINLOOP_UNROLL). `exact` (diagonal blocks of the any-gate path): the sums come from `exact_diagonal`
+    instead of the TF32 mainloop; the epilogue is the same."""
     head_k = cute.size(sQ, mode=[1])
     row_blocks = cute.size(sQ, mode=[0]) // SUB
     thr_mma = tiled_mma.get_slice(lane)
@@ -212,25 +236,28 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
     # ///////////////////////////////////////////////////////////////////////////////
     #  MAINLOOP: one accumulator chain per 16x8 tile over d, ascending
     # ///////////////////////////////////////////////////////////////////////////////
-    for kk in cutlass.range(head_k // MMA_K, unroll=unroll):
-        refA = tAsRef[None, None, kk].load()
-        refB = tBsRef[None, None, kk].load()
-        if cutlass.const_expr(diagonal):
-            refA = refA - cutlass.Float32(DIAG_SHIFT)
-            refB = refB - cutlass.Float32(DIAG_SHIFT)
-        gateA = cute.math.exp2(tAsG[None, None, kk].load() - refA, fastmath=True)
-        rQA.store(cute.where(rowValid.load(), tAsQ[None, None, kk].load().to(cutlass.Float32) * gateA,
-                             cutlass.Float32(0.0)))
-        rKA.store(cute.where(rowValid.load(), tAsK[None, None, kk].load().to(cutlass.Float32) * gateA,
-                             cutlass.Float32(0.0)))
-        for n in cutlass.range_constexpr(len(col_blocks)):
-            gateB = cute.math.exp2(refB - tBsG[n][None, None, kk].load(), fastmath=True)
-            rKB.store(cute.where(colValid[n].load(),
-                                 tBsK[n][None, None, kk].load().to(cutlass.Float32) * gateB,
+    if cutlass.const_expr(exact):
+        exact_diagonal(sQ, sK, sG, a, cC, accQK[0], accKK[0], unroll)
+    else:
+        for kk in cutlass.range(head_k // MMA_K, unroll=unroll):
+            refA = tAsRef[None, None, kk].load()
+            refB = tBsRef[None, None, kk].load()
+            if cutlass.const_expr(diagonal):
+                refA = refA - cutlass.Float32(DIAG_SHIFT)
+                refB = refB - cutlass.Float32(DIAG_SHIFT)
+            gateA = cute.math.exp2(tAsG[None, None, kk].load() - refA, fastmath=True)
+            rQA.store(cute.where(rowValid.load(), tAsQ[None, None, kk].load().to(cutlass.Float32) * gateA,
                                  cutlass.Float32(0.0)))
-            tf32KB = cute.recast_tensor(rKB, cutlass.TFloat32)
-            cute.gemm(tiled_mma, accQK[n], cute.recast_tensor(rQA, cutlass.TFloat32), tf32KB, accQK[n])
-            cute.gemm(tiled_mma, accKK[n], cute.recast_tensor(rKA, cutlass.TFloat32), tf32KB, accKK[n])
+            rKA.store(cute.where(rowValid.load(), tAsK[None, None, kk].load().to(cutlass.Float32) * gateA,
+                                 cutlass.Float32(0.0)))
+            for n in cutlass.range_constexpr(len(col_blocks)):
+                gateB = cute.math.exp2(refB - tBsG[n][None, None, kk].load(), fastmath=True)
+                rKB.store(cute.where(colValid[n].load(),
+                                     tBsK[n][None, None, kk].load().to(cutlass.Float32) * gateB,
+                                     cutlass.Float32(0.0)))
+                tf32KB = cute.recast_tensor(rKB, cutlass.TFloat32)
+                cute.gemm(tiled_mma, accQK[n], cute.recast_tensor(rQA, cutlass.TFloat32), tf32KB, accQK[n])
+                cute.gemm(tiled_mma, accKK[n], cute.recast_tensor(rKA, cutlass.TFloat32), tf32KB, accKK[n])
 
     # ///////////////////////////////////////////////////////////////////////////////
     #  EPILOG: scale / beta, mask, cast, store rows < valid_rows
@@ -265,6 +292,51 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
             if b > a:
                 store_block(thr_mma, rAqkZero, dAqk, cC, valid_rows, a, b)
                 store_block(thr_mma, rLZero, dL, cC, valid_rows, a, b)
+
+
+@cute.jit
+def exact_diagonal(sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor, a: cutlass.Int32, cC: cute.Tensor,
+                   accQK: cute.Tensor, accKK: cute.Tensor, unroll: cutlass.Constexpr):
+    """The sums of diagonal block (a, a) for any gate, into accumulator-layout fragments (cC: their (row,
+    column) in the block): for each of this lane's (i, j), over d ascending,
+
+        e = 2^(g[i,d] - g[j,d]);  kb = k[j,d] * e;  accQK = fma(q[i,d], kb, accQK);  accKK = fma(k[i,d], kb, accKK)
+
+    in fp32 (exp2 = ex2.approx.ftz, the first fma of a chain from +0). For j <= i the exponent is <= 0 for any
+    non-increasing gate, so nothing overflows; row i reads rows <= i only. Fragment elements in the upper
+    right 8 x 8 quarter (row half 0, n-tile 1: j > i for every lane) stay +0; the others with j > i hold
+    values that the epilogue's mask replaces."""
+    f32 = cutlass.Float32
+    head_k = cute.size(sQ, mode=[1])
+    halves = cute.size(cC, mode=[0, 1])
+    ntiles = cute.size(cC, mode=[2])
+    # (e, h, n) of every fragment element that can lie on or below the diagonal
+    elements = [(e, h, n) for n in range(ntiles) for h in range(halves) for e in range(2) if not (h == 0 and n > 0)]
+    rows = [SUB * a + cC[(0, h), 0, 0][0] for h in range(halves)]
+    cols = [[SUB * a + cC[(e, 0), 0, n][1] for e in range(2)] for n in range(ntiles)]
+    rQ = [cute.make_rmem_tensor((EXACT_STEP,), sQ.element_type) for _ in range(halves)]
+    rKi = [cute.make_rmem_tensor((EXACT_STEP,), sK.element_type) for _ in range(halves)]
+    rGi = [cute.make_rmem_tensor((EXACT_STEP,), f32) for _ in range(halves)]
+    rKj = [[cute.make_rmem_tensor((EXACT_STEP,), sK.element_type) for _ in range(2)] for _ in range(ntiles)]
+    rGj = [[cute.make_rmem_tensor((EXACT_STEP,), f32) for _ in range(2)] for _ in range(ntiles)]
+    rKB = cute.make_rmem_tensor((EXACT_STEP,), f32)
+    for kk in cutlass.range(head_k // EXACT_STEP, unroll=unroll):
+        for h in cutlass.range_constexpr(halves):
+            cute.autovec_copy(cute.local_tile(sQ[rows[h], None], (EXACT_STEP,), (kk,)), rQ[h])
+            cute.autovec_copy(cute.local_tile(sK[rows[h], None], (EXACT_STEP,), (kk,)), rKi[h])
+            cute.autovec_copy(cute.local_tile(sG[rows[h], None], (EXACT_STEP,), (kk,)), rGi[h])
+        for n in cutlass.range_constexpr(ntiles):
+            for e in cutlass.range_constexpr(2):
+                cute.autovec_copy(cute.local_tile(sK[cols[n][e], None], (EXACT_STEP,), (kk,)), rKj[n][e])
+                cute.autovec_copy(cute.local_tile(sG[cols[n][e], None], (EXACT_STEP,), (kk,)), rGj[n][e])
+        for e, h, n in elements:
+            gate = cute.math.exp2(rGi[h].load() - rGj[n][e].load(), fastmath=True)
+            rKB.store(rKj[n][e].load().to(f32) * gate)
+            qi = rQ[h].load().to(f32)
+            ki = rKi[h].load().to(f32)
+            for d in cutlass.range_constexpr(EXACT_STEP):
+                accQK[(e, h), 0, n] = cute.math.fma(qi[d], rKB[d], accQK[(e, h), 0, n], rounding=_RN)
+                accKK[(e, h), 0, n] = cute.math.fma(ki[d], rKB[d], accKK[(e, h), 0, n], rounding=_RN)
 
 
 @cute.jit

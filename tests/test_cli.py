@@ -285,15 +285,18 @@ def test_precompile_expands_and_dedups_the_cross_product(tmp_path, capsys):
 
     everything = templates()
     # sm_90a: the three standalone templates plus the fused kernel of each specialization: 2 io dtypes x
-    # 3 varlen modes for the inverse; x 3 beta dtypes x 3 head sizes for intra; x 2 QG for the others.
+    # 3 varlen modes for the inverse; x 3 beta dtypes x 3 head sizes for intra; x 2 QG for the others; intra and
+    # the fused kernel once per gate path (safe and any: --gate both, the default).
     inverse, intra = 2 * 3, 2 * 3 * 3 * 3
     assert [everything.count(t) for t in ("akk_inverse", "intra", "recompute_wu", "fused_forward")] == [
-        inverse, intra, 2 * intra, 2 * intra]
-    assert len(templates("--qg", "off")) == inverse + 3 * intra
-    assert len(templates("--qg", "off", "--config", "ref")) == inverse + 3 * intra
-    assert templates("--beta", "bf16", "--varlen", "dense", "--qg", "on", "--kv", "128x128", "--io", "bf16") == [
-        "akk_inverse", "fused_forward", "intra", "recompute_wu"]
-    assert len(templates("--arch", "sm_100a", "--only", "akk_inverse,intra")) == 2 * (inverse + intra)
+        inverse, 2 * intra, 2 * intra, 4 * intra]
+    assert len(templates("--qg", "off")) == inverse + 5 * intra
+    assert len(templates("--qg", "off", "--config", "ref", "--gate", "safe")) == inverse + 3 * intra
+    one_spec = ("--beta", "bf16", "--varlen", "dense", "--qg", "on", "--kv", "128x128", "--io", "bf16")
+    assert templates(*one_spec, "--gate", "safe") == ["akk_inverse", "fused_forward", "intra", "recompute_wu"]
+    assert templates(*one_spec, "--gate", "any") == ["akk_inverse", "fused_forward", "intra", "recompute_wu"]
+    assert len(templates(*one_spec)) == 6
+    assert len(templates("--arch", "sm_100a", "--only", "akk_inverse,intra")) == 2 * (inverse + 2 * intra)
     rc, _, err = kd(capsys, "precompile", "--cache-dir", tmp_path, "--arch", "sm_75", "--dry-run")
     assert rc == 2 and "arch='sm_75' is not supported" in err
 

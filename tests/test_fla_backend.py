@@ -41,9 +41,21 @@ def test_accepts_what_kdajit_covers(inputs, any_device):
                                                q=inputs["q"], fla_version=VERSION) is None
 
 
+def test_accepts_any_gate_and_routes_it_to_the_any_gate_path(inputs, any_device):
+    """FLA's default safe_gate=False and a lower_bound steeper than kdajit's bound run kdajit's any-gate path;
+    only safe_gate=True within the bound runs the safe-gate fast path."""
+    assert intra_reason(inputs, safe_gate=False) is None
+    assert intra_reason(inputs, lower_bound=-6.0) is None
+    assert kdajit_fla.kdajit_safe_gate(True, None) is True
+    assert kdajit_fla.kdajit_safe_gate(True, -5.0) is True
+    assert kdajit_fla.kdajit_safe_gate(True, -6.0) is False
+    assert kdajit_fla.kdajit_safe_gate(False, None) is False
+    assert kdajit_fla.kdajit_safe_gate(False, -1.0) is False
+
+
 @pytest.mark.parametrize("overrides, words", [
-    ({"safe_gate": False}, "safe_gate=False"),
-    ({"lower_bound": -6.0}, "lower_bound=-6.0"),
+    ({"safe_gate": None}, "safe_gate=None"),
+    ({"lower_bound": "steep"}, "lower_bound='steep'"),
     ({"fla_version": "0.7.0"}, "0.7.0"),
     ({"new_flag": True}, "new_flag"),
     ({"chunk_size": 32}, "chunk_size"),

@@ -117,7 +117,7 @@ CASES = [
     ("chunk 128", dict(chunk_size=128), NotImplementedError, ["chunk_size", "128", "[64]"]),
     ("chunk 64.0", dict(chunk_size=64.0), TypeError, ["chunk_size", "Python int", "float"]),
     ("chunk True", dict(chunk_size=True), TypeError, ["chunk_size", "bool"]),
-    ("unsafe gate", dict(safe_gate=None), NotImplementedError, ["safe_gate=None", "-5"]),
+    ("gate path not a bool", dict(safe_gate=None), TypeError, ["safe_gate=None", "bool", "-5"]),
     # out-of-range sizes
     ("H=65536", dict(q=huge(2, 65536)), ValueError, ["H=65536", "q.shape[2]", "65535"]),
     ("B=65536", dict(q=huge(0, 65536)), ValueError, ["B=65536", "grid z", "65535"]),

@@ -10,7 +10,7 @@ from kdajit.outputs import BETA_TORCH_DTYPES
 SPEC = ForwardSpec("bf16", "cu32", 128, 128, 64, False, "sm_90a")
 # Another legal value for every field, used to check that each one reaches the key.
 OTHER = {"beta_dtype": "fp32", "varlen": "dense", "head_k": 64, "head_v": 64, "chunk": 32, "output_qg": True,
-         "arch": "sm_100a", "config": KernelConfig(warps=8), "io_dtype": "fp16"}
+         "arch": "sm_100a", "config": KernelConfig(warps=8), "io_dtype": "fp16", "safe_gate": False}
 
 
 @pytest.mark.parametrize("key", SPEC.kernel_keys(), ids=lambda k: k.TEMPLATE)
@@ -28,6 +28,16 @@ def test_every_field_changes_the_key(key):
         slug = (changed.spec_slug(), changed.arch, changed.config.slug())
         assert slug not in slugs, f"{field.name} does not show in the slug/arch/config path parts"
         slugs.add(slug)
+
+
+def test_any_gate_spec_reaches_the_intra_and_fused_keys_only():
+    """The gate path changes the intra products only: the inverse and recompute kernels are shared."""
+    any_gate = dataclasses.replace(SPEC, safe_gate=False)
+    assert not any_gate.intra_key().safe_gate and not any_gate.fused_key().safe_gate
+    assert any_gate.intra_key() != SPEC.intra_key() and any_gate.fused_key() != SPEC.fused_key()
+    assert any_gate.inverse_key() == SPEC.inverse_key() and any_gate.recompute_key() == SPEC.recompute_key()
+    with pytest.raises(ValueError, match="safe_gate=None"):
+        dataclasses.replace(SPEC, safe_gate=None)
 
 
 @pytest.mark.parametrize("key", SPEC.kernel_keys(), ids=lambda k: k.TEMPLATE)

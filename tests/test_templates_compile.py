@@ -20,10 +20,10 @@ import tiers
 from kdajit import compiler, cubins, keys
 from kdajit.keys import ForwardSpec, FusedConfig, KernelConfig
 
-SPECS = [ForwardSpec(beta, varlen, d, d, chunk, qg, arch, io)
-         for beta, varlen, d, chunk, qg, arch, io in itertools.product(
+SPECS = [ForwardSpec(beta, varlen, d, d, chunk, qg, arch, io, safe_gate)
+         for beta, varlen, d, chunk, qg, arch, io, safe_gate in itertools.product(
              keys.BETA_DTYPES, keys.VARLEN_MODES, keys.HEAD_DIMS, keys.CHUNK_SIZES, (False, True), keys.ARCHS,
-             keys.IO_DTYPES)]
+             keys.IO_DTYPES, (True, False))]
 # Every kernel `forward`/`intra`/`recompute_w_u` run, plus the fused kernel in every configuration of its space.
 KEYS = sorted({key for spec in SPECS for key in spec.kernel_keys()}
               | {spec.fused_key(c) for spec in SPECS if spec.uses_fused for c in keys.FUSED_CONFIG_SPACE},

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kdajit
-from kdajit import validate
+from kdajit import api, validate
 from kdajit.keys import HEAD_DIMS
 from kdajit.outputs import IO_TORCH_DTYPES
 
@@ -57,7 +57,7 @@ CASES = [
     ("chunk 32", dict(chunk_size=32), NotImplementedError, ["chunk_size", "32", "64"]),
     ("scale nan", dict(scale=float("nan")), ValueError, ["scale", "nan"]),
     ("scale tensor", dict(scale=torch.tensor(0.1)), ValueError, ["scale"]),
-    ("unsafe gate", dict(safe_gate=False), NotImplementedError, ["safe_gate=False", "-5"]),
+    ("gate path not a bool", dict(safe_gate=1), TypeError, ["safe_gate=1", "bool", "-5"]),
     ("cu_seqlens float", dict(cu_seqlens=torch.tensor([0.0, 130.0])), TypeError, ["cu_seqlens", "int32", "int64"]),
     ("cu_seqlens 2-D", dict(cu_seqlens=torch.tensor([[0, 130]], dtype=torch.int32)), ValueError,
      ["cu_seqlens", "1-D"]),
@@ -88,11 +88,27 @@ def test_cu_seqlens_needs_batch_one():
         kdajit.forward(**args, cu_seqlens=torch.tensor([0, 130], dtype=torch.int32))
 
 
-def test_chunk_kda_fwd_intra_default_gate_is_refused():
-    # FLA's default safe_gate=False means "any gate": kdajit refuses rather than risking overflow.
-    args = inputs()
-    with pytest.raises(NotImplementedError, match="safe_gate=False"):
-        kdajit.chunk_kda_fwd_intra(args["q"], args["k"], args["v"], args["gk"], args["beta"], 0.1)
+@pytest.mark.parametrize("call, expected", [
+    (lambda a: kdajit.chunk_kda_fwd_intra(a["q"], a["k"], a["v"], a["gk"], a["beta"], 0.1), False),
+    (lambda a: kdajit.forward(a["q"], a["k"], a["v"], a["gk"], a["beta"]), True),
+    (lambda a: kdajit.forward(a["q"], a["k"], a["v"], a["gk"], a["beta"], safe_gate=False), False),
+    (lambda a: kdajit.intra(a["q"], a["k"], a["gk"], a["beta"], safe_gate=False), False),
+], ids=["fla-default", "forward-default", "forward-any-gate", "intra-any-gate"])
+def test_gate_path_reaches_the_kernel_lookup(monkeypatch, call, expected):
+    """FLA's default safe_gate=False runs kdajit's any-gate path; kdajit's own entry points default to the
+    safe-gate path. The lookup is stopped before any kernel is needed."""
+    seen = []
+
+    def lookup(*args, safe_gate=True, **kwargs):
+        seen.append(safe_gate)
+        raise LookupError("stop before the launch")
+
+    monkeypatch.setattr(validate, "check_devices", lambda **tensors: torch.device("cpu"))
+    monkeypatch.setattr(api, "_device_index", lambda t: 0)
+    monkeypatch.setattr(api, "_kernels", lookup)
+    with pytest.raises(LookupError):
+        call(inputs())
+    assert seen == [expected]
 
 
 def test_recompute_rejects_bad_akk_and_q():

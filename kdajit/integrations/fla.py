@@ -77,16 +77,23 @@ def intra_decline_reason(q, k, v, gk=None, beta=None, scale=None, cu_seqlens=Non
     reason = _common_reason(fla_version or _fla_version(), unknown)
     if reason:
         return reason
-    if safe_gate is not True:
-        return f"safe_gate={safe_gate!r}: kdajit implements only the safe-gate path"
-    if lower_bound is not None and not lower_bound >= validate.SAFE_GATE_LOWER_BOUND:
-        return f"lower_bound={lower_bound!r} is below kdajit's safe-gate bound {validate.SAFE_GATE_LOWER_BOUND}"
+    if not isinstance(safe_gate, bool):
+        return f"safe_gate={safe_gate!r} must be a bool"
+    if lower_bound is not None and not isinstance(lower_bound, (int, float)):
+        return f"lower_bound={lower_bound!r} must be a number or None"
     if gk is None or beta is None:
         return "gk and beta are required"
     if not isinstance(disable_recompute, bool):
         return f"disable_recompute={disable_recompute!r} must be a bool"
     return (_validation_reason(validate.check_scale, scale)
             or _validation_reason(validate.check_forward_inputs, q, k, v, gk, beta, cu_seqlens, chunk_size))
+
+
+def kdajit_safe_gate(safe_gate: bool, lower_bound: float | None) -> bool:
+    """kdajit's gate path for FLA's arguments: the safe-gate fast path only where FLA's call promises kdajit's
+    bound (safe_gate with no lower_bound, or one >= validate.SAFE_GATE_LOWER_BOUND); the any-gate path otherwise
+    (FLA's default safe_gate=False, or a steeper lower_bound)."""
+    return safe_gate and (lower_bound is None or lower_bound >= validate.SAFE_GATE_LOWER_BOUND)
 
 
 def recompute_decline_reason(k, v, beta, A, gk, q=None, cu_seqlens=None, chunk_indices=None, use_graph=False,
@@ -126,7 +133,8 @@ def _backend_class():
                                 chunk_indices=None, safe_gate=False, lower_bound=None, disable_recompute=False,
                                 use_graph=False):
             return api.chunk_kda_fwd_intra(q, k, v, gk, beta, scale, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
-                                           safe_gate=safe_gate, disable_recompute=disable_recompute)
+                                           safe_gate=kdajit_safe_gate(safe_gate, lower_bound),
+                                           disable_recompute=disable_recompute)
 
         def recompute_w_u_fwd_verifier(self, *args, **kwargs):
             return _decision(recompute_decline_reason(*args, **kwargs), "recompute_w_u_fwd")
