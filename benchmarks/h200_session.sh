@@ -10,9 +10,11 @@
 # (the coverage rows, tile configurations), phases (fused_phases, objects from the
 # tarball), dslfree (benchmarks/dsl_free_load.py), host (bench_host), tune (kdajit tune at the two
 # tuning-evidence shapes), fla (FLA-backend GPU tests and bench), flabench (bench_fla_backend alone),
-# stress (determinism replays), stressnoqg (replays without QG), stressrest (stress but the bf16 run), stress10m_fla (the 10M run beside
+# stress (determinism replays), stressnoqg (replays without QG, forward's tile-w8 route), stressrest (stress but the bf16 run), stress10m_fla (the 10M run beside
 # the FLA-backend tests), stressconfigs (replays under other fused configurations), sanitizer
-# (compute-sanitizer, docs/reliability.md; SANITIZER_TOOLS picks tools, SANITIZER_K the tests). A stage named bg:STAGE runs
+# (compute-sanitizer, docs/reliability.md; SANITIZER_TOOLS picks tools, SANITIZER_K the tests), probe (racecheck of
+# benchmarks/racecheck_probe.py, with and without named barriers), anygate (tests/test_gpu_any_gate.py but the FLA
+# ratios), anygate_fla (those), benchany (bench_forward --gate any, main rows; BENCH_CONFIGS). A stage named bg:STAGE runs
 # beside the stages after it (its failure status is not kept; read its log); `wait` joins it.
 # Each stage has its own time limit; logs and JSON go to $OUT (or ./out). The bundle (.gpu) supplies
 # CuTe DSL, TVM-FFI and FLA. `bash benchmarks/h200_precompile.sh` cross-compiles on the CPU machine every
@@ -112,7 +114,7 @@ run_stage() {
         --beta bf16 --max-seconds 540 --report "$out/stress_bf16_10m.json"
       wait
       save_triton_cache ;;
-    stressnoqg)  # replays of forward's route without QG (FLA's default), dense and varlen
+    stressnoqg)  # replays of forward's route without QG (FLA's default; tile-w8 at K = 128), dense and varlen
       stage stress_noqg 80 python3 benchmarks/stress_determinism.py --replays 1000000 --checkpoint 250000 --beta bf16 \
         --no-qg --max-seconds 45 --report "$out/stress_noqg.json"
       stage stress_noqg_varlen 60 python3 benchmarks/stress_determinism.py --replays 1000000 --checkpoint 250000 \
@@ -134,6 +136,20 @@ run_stage() {
         --beta fp32 --max-seconds 60 --report "$out/stress_fp32.json"
       stage stress_large 80 python3 benchmarks/stress_determinism.py --replays 10000 --checkpoint 2500 \
         --batch 2 --tokens 8192 --heads 64 --noise 0.25 --max-seconds 60 --report "$out/stress_large.json" ;;
+    probe)  # is tile-w8's racecheck report the tool's? (docs/reliability.md)
+      for named in on off; do
+        stage "probe_named_$named" 120 compute-sanitizer --tool racecheck --error-exitcode 1 \
+          python3 benchmarks/racecheck_probe.py --named "$named"
+      done ;;
+    anygate)
+      stage anygate "${ANYGATE_LIMIT:-240}" python3 -m pytest -q -m gpu -rfE --durations=8 tests/test_gpu_any_gate.py \
+        -k "not fla" ;;
+    anygate_fla)  # FLA's token-parallel intra compiles and autotunes (CPU-bound Triton)
+      stage anygate_fla "${FLA_LIMIT:-420}" python3 -m pytest -q -m gpu -rfE -s tests/test_gpu_any_gate.py -k fla
+      save_triton_cache ;;
+    benchany)
+      stage benchany "${BENCH_LIMIT:-150}" python3 benchmarks/bench_forward.py --rows main --gate any \
+        --configs "${BENCH_CONFIGS:-tile,tile-w8}" --json "$out/benchany.json" ;;
     sanitizer)  # SANITIZER_TOOLS picks the tools (default all four); memcheck also runs the hostile cu_seqlens
       export PYTORCH_NO_CUDA_MEMORY_CACHING=1
       for tool in ${SANITIZER_TOOLS:-memcheck racecheck initcheck synccheck}; do

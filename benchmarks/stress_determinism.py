@@ -48,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--noise-every", type=int, default=16, help="replays per noise copy enqueued")
     p.add_argument("--max-seconds", type=float, default=None, help="stop at the first checkpoint after this time")
     p.add_argument("--no-qg", action="store_true",
-                   help="output_qg=False (FLA's default)")
+                   help="output_qg=False (FLA's default; forward then runs tile-w8 at K = 128 untuned)")
     p.add_argument("--config", default=None, choices=[c.slug() for c in FUSED_CONFIG_SPACE],
                    help="fused configuration the graph runs (default: what forward picks, the tuner's choice)")
     p.add_argument("--seed", type=int, default=0)

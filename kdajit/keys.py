@@ -93,12 +93,17 @@ FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
     FusedConfig(True, ctas, raster, ahead) for ahead in LOADS_AHEAD for ctas in (1, 2) for raster in RASTER_ORDERS
 ) + (FusedConfig(warps=8),) + tuple(FusedConfig(True, ctas, "head", 0, 8) for ctas in (1, 2))
 # What `kdajit.forward` runs on the fused archs where no tuning record applies (KDAJIT_AUTOTUNE=off, or no record
-# for the call's workload), by (head_k, output_qg): a fused configuration, or None for the standalone kernels where
-# they measured faster than the reference configuration (K = 256, docs/performance.md); the reference elsewhere.
-# tile-w8 measured faster still (1.02 against 1.20 ms at K = 128, B=2 T=8192 H=64, bf16, no QG; 2.54 against the
-# standalone 2.70 at K = 256) but compute-sanitizer's racecheck reports hazards in it (docs/reliability.md,
-# 2026-12-03), so it is not a default until they are resolved; the tuner may still choose it.
-UNTUNED_FUSED_CONFIGS = {(256, False): None, (256, True): None}
+# for the call's workload), by (head_k, output_qg): the fused kernel in the fastest configuration measured on the
+# H200, or None for the standalone kernels where they measured faster than every fused configuration; the
+# reference configuration elsewhere. Measured at B=2 T=8192 H=64, bf16 (docs/performance.md, 2026-12-03): K = 128
+# without QG, tile-w8 1.01 ms against the reference's 1.20; K = 256 without QG, tile-w8 2.52 against the
+# standalone kernels' 2.69 (the reference 2.97); K = 256 with QG (no 8-warp build there), the reference 2.97
+# against the standalone 2.69. Every configuration and route gives the same bits, so this choice is speed only.
+# The any-gate path (safe_gate=False) makes the same choice: at K = 128 without QG tile-w8 1.37 ms against the
+# reference's 1.57 (2026-12-04). compute-sanitizer's racecheck reports hazards in the 8-warp configurations; a
+# minimal kernel with the same barrier pattern shows that report is the tool's (docs/reliability.md,
+# benchmarks/racecheck_probe.py).
+UNTUNED_FUSED_CONFIGS = {(128, False): FusedConfig(warps=8), (256, False): FusedConfig(warps=8), (256, True): None}
 
 
 @dataclass(frozen=True)

@@ -286,11 +286,13 @@ def test_precompile_expands_and_dedups_the_cross_product(tmp_path, capsys):
     everything = templates()
     # sm_90a: the three standalone templates plus the fused kernel of each specialization: 2 io dtypes x
     # 3 varlen modes for the inverse; x 3 beta dtypes x 3 head sizes for intra; x 2 QG for the others; intra and
-    # the fused kernel once per gate path (safe and any: --gate both, the default).
+    # the fused kernel once per gate path (safe and any: --gate both, the default), the fused kernel also in its
+    # untuned configuration where it is not the reference (K = 128 and 256 without QG).
     inverse, intra = 2 * 3, 2 * 3 * 3 * 3
+    untuned = 2 * intra // 3
     assert [everything.count(t) for t in ("akk_inverse", "intra", "recompute_wu", "fused_forward")] == [
-        inverse, 2 * intra, 2 * intra, 4 * intra]
-    assert len(templates("--qg", "off")) == inverse + 5 * intra
+        inverse, 2 * intra, 2 * intra, 2 * (2 * intra + untuned)]
+    assert len(templates("--qg", "off")) == inverse + 5 * intra + 2 * untuned
     assert len(templates("--qg", "off", "--config", "ref", "--gate", "safe")) == inverse + 3 * intra
     one_spec = ("--beta", "bf16", "--varlen", "dense", "--qg", "on", "--kv", "128x128", "--io", "bf16")
     assert templates(*one_spec, "--gate", "safe") == ["akk_inverse", "fused_forward", "intra", "recompute_wu"]

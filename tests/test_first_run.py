@@ -38,6 +38,7 @@ def test_version(capsys):
     (["--lengths", "5,-1"], ["--lengths", ">= 0"]),
     (["--lengths", "0,0"], ["--lengths", "at least one token"]),
     (["--beta", "fp64"], ["--beta", "fp64", "bf16"]),
+    (["--gate", "steep"], ["--gate", "steep", "any"]),
 ])
 def test_demo_refuses_bad_arguments(capsys, argv, words):
     rc, out, err = run_cli(capsys, "demo", *argv)
@@ -51,15 +52,16 @@ def test_demo_takes_cache_dir_and_runs_with_it(capsys, monkeypatch, tmp_path):
     seen = {}
 
     def record(args, arch):
-        seen.update(root=cache.cache_root(), arch=arch, lengths=args.lengths, heads=args.heads)
+        seen.update(root=cache.cache_root(), arch=arch, lengths=args.lengths, heads=args.heads, gate=args.gate)
         return 0
 
     monkeypatch.setattr(demo, "_compile_only", record)
     monkeypatch.setattr(demo, "_run_on_gpu", record)
-    rc, _, err = run_cli(capsys, "demo", "--cache-dir", str(tmp_path / "c"), "--lengths", "3,0,70", "--heads", "2")
+    rc, _, err = run_cli(capsys, "demo", "--cache-dir", str(tmp_path / "c"), "--lengths", "3,0,70", "--heads", "2",
+                         "--gate", "any")
     assert rc == 0, err
     assert seen.pop("arch") in keys.ARCHS
-    assert seen == {"root": tmp_path / "c", "lengths": [3, 0, 70], "heads": 2}
+    assert seen == {"root": tmp_path / "c", "lengths": [3, 0, 70], "heads": 2, "gate": "any"}
 
 
 def test_bad_kdajit_arch_is_a_clear_error(capsys, monkeypatch):

@@ -54,8 +54,9 @@ def test_no_runtime_shapes_in_keys():
 
 
 def test_kernel_keys_only_hold_what_the_kernel_depends_on():
-    intra, inverse, recompute, fused = SPEC.kernel_keys()
-    assert isinstance(fused, FusedForwardKey) and fused == SPEC.fused_key(SPEC.untuned_fused_config)
+    intra, inverse, recompute, fused, fused_untuned = SPEC.kernel_keys()
+    assert isinstance(fused, FusedForwardKey) and fused_untuned == SPEC.fused_key(SPEC.untuned_fused_config)
+    assert fused.config != fused_untuned.config
     assert not dataclasses.replace(SPEC, arch="sm_80").uses_fused
     other_beta = dataclasses.replace(SPEC, beta_dtype="fp32").kernel_keys()
     assert other_beta[1] == inverse  # the inverse does not read beta

@@ -464,13 +464,15 @@ def test_cache_off_reads_no_layer(cache_root, tmp_path, monkeypatch):
     assert tuner.find_record(key_of()) is None
 
 
-def test_forward_falls_back_to_the_reference_when_the_winner_is_not_cached(cache_root, monkeypatch):
-    """A record's winner that no cache layer holds (KDAJIT_DISABLE_JIT with a cache precompiled before it won):
-    the call runs the reference configuration, and remembers that."""
+@pytest.mark.parametrize("stored", [True, False], ids=["record-winner", "untuned"])
+def test_forward_falls_back_to_the_reference_when_its_configuration_is_not_cached(cache_root, monkeypatch, stored):
+    """A record's winner, or the untuned configuration, that no cache layer holds (KDAJIT_DISABLE_JIT with a cache
+    precompiled before it was chosen): the call runs the reference configuration, and remembers that."""
     from kdajit import api, cache
     from kdajit.validate import Problem
 
-    run_tune(standin_prepare(), {FUSED_CONFIG_SPACE[4]: 0.5})
+    if stored:
+        run_tune(standin_prepare(), {FUSED_CONFIG_SPACE[4]: 0.5})
     tuner.clear()
     monkeypatch.setattr(api, "_spec", lambda *a: SPEC)
     monkeypatch.setattr(api, "_sm_count", lambda index: 132)
@@ -490,14 +492,13 @@ def test_forward_falls_back_to_the_reference_when_the_winner_is_not_cached(cache
     assert tuner.config_for(SPEC, 0, SHAPE.tokens, SHAPE.heads, 1, None, None) == REF  # remembered
 
 
-def test_untuned_route_is_the_reference_but_standalone_at_head_size_256():
-    """Without a record forward runs the reference configuration (tile-w8, faster, is not a default while
-    racecheck reports hazards in it), and the standalone kernels at K = 256 (faster there than the reference)."""
-    assert UNTUNED == REF
+def test_untuned_configuration_is_8_warps_only_where_measured_faster():
+    assert UNTUNED == FusedConfig(warps=8) and UNTUNED in FUSED_CONFIG_SPACE
+    assert SPEC.fused_key(UNTUNED) in SPEC.kernel_keys() and SPEC.fused_key(REF) in SPEC.kernel_keys()
     k64, k256 = (dataclasses.replace(SPEC, head_k=n, head_v=n) for n in (64, 256))
-    expected = {SPEC: REF, VARLEN_SPEC: REF, k64: REF, dataclasses.replace(k64, output_qg=True): REF,
-                k256: None, dataclasses.replace(k256, output_qg=True): None}  # None: the standalone kernels
+    expected = {VARLEN_SPEC: REF, k64: REF, dataclasses.replace(k64, output_qg=True): REF,  # QG: no 8-warp build
+                k256: UNTUNED, dataclasses.replace(k256, output_qg=True): None}  # None: the standalone kernels
     for spec, config in expected.items():
         assert spec.untuned_fused_config == config, spec
         fused = [k.config for k in spec.kernel_keys() if k.TEMPLATE == "fused_forward"]
-        assert fused == [REF], spec  # the reference is always built (bit-tested, and the tuner's reference)
+        assert fused == ([REF] if config in (REF, None) else [REF, config]), spec  # the reference always built
