@@ -1,7 +1,8 @@
 """GPU: FLA's whole `chunk_kda` (forward and backward) with kdajit as its backend, against FLA's naive recurrence.
 
 Shapes and tolerances are those of FLA's own KDA tests (tests/ops/test_kda.py: `test_chunk`,
-`test_chunk_varlen`) with bf16 inputs and safe gates (per-token log-gate >= -5). The test also checks that
+`test_chunk_varlen`) with bf16 inputs and safe gates (per-token log-gate >= -5), and FLA's default
+safe_gate=False with unclamped logsigmoid gates (kdajit's any-gate path). The test also checks that
 the kdajit backend really ran (the forward intra stage once, the backward's W/U recompute once) and that
 switching it off gives FLA's own result within the same tolerances.
 """
@@ -36,12 +37,13 @@ def counted(monkeypatch):
     return counts
 
 
-def kda_inputs(B, T, H, D, N, seed):
+def kda_inputs(B, T, H, D, N, seed, clamp=True):
     g = torch.Generator(device="cuda").manual_seed(seed)
     q = F.normalize(torch.rand(B, T, H, D, device="cuda", generator=g), dim=-1).bfloat16()
     k = F.normalize(torch.rand(B, T, H, D, device="cuda", generator=g), dim=-1).bfloat16()
     v = torch.rand(B, T, H, D, device="cuda", generator=g).bfloat16()
-    gate = F.logsigmoid(torch.randn(B, T, H, D, device="cuda", generator=g)).clamp_min(-5.0)
+    gate = F.logsigmoid(torch.randn(B, T, H, D, device="cuda", generator=g))
+    gate = gate.clamp_min(-5.0) if clamp else gate
     beta = torch.rand(B, T, H, device="cuda", generator=g).sigmoid().bfloat16()
     h0 = torch.randn(N, H, D, D, device="cuda", generator=g)
     return [x.requires_grad_() for x in (q, k, v, gate, beta, h0)]
@@ -68,12 +70,14 @@ def reference(q, k, v, gate, beta, h0, scale, cu):
     return torch.cat(outs, 1), torch.cat(states, 0)
 
 
-@pytest.mark.parametrize("B, T, H, cu", [(4, 1024, 4, None), (2, 1000, 3, None), (1, 1000, 4, [0, 256, 500, 1000])],
-                         ids=["B4-T1024-H4", "B2-T1000-H3", "varlen-256-500-1000"])
-def test_chunk_kda_with_kdajit_backend_matches_naive(counted, B, T, H, cu):
+@pytest.mark.parametrize("B, T, H, cu, safe_gate", [
+    (4, 1024, 4, None, True), (2, 1000, 3, None, True), (1, 1000, 4, [0, 256, 500, 1000], True),
+    (2, 1000, 3, None, False), (1, 1000, 4, [0, 256, 500, 1000], False)],
+    ids=["B4-T1024-H4", "B2-T1000-H3", "varlen-256-500-1000", "B2-T1000-H3-any-gate", "varlen-any-gate"])
+def test_chunk_kda_with_kdajit_backend_matches_naive(counted, B, T, H, cu, safe_gate):
     cu = torch.tensor(cu, dtype=torch.long, device="cuda") if cu is not None else None
     N = B if cu is None else len(cu) - 1
-    tensors = kda_inputs(B, T, H, 128, N, seed=42)
+    tensors = kda_inputs(B, T, H, 128, N, seed=42, clamp=safe_gate)
     q, k, v, gate, beta, h0 = tensors
     scale = 128 ** -0.5
     do = torch.randn_like(v, dtype=torch.float32).bfloat16()
@@ -81,7 +85,7 @@ def test_chunk_kda_with_kdajit_backend_matches_naive(counted, B, T, H, cu):
 
     def run_fla():
         return fla_kda.chunk_kda(q, k, v, gate, beta, scale=scale, initial_state=h0, output_final_state=True,
-                                 safe_gate=True, cu_seqlens=cu)
+                                 safe_gate=safe_gate, cu_seqlens=cu)
 
     ref_o, ref_ht, ref_grads = grads_of(lambda: reference(*(t.float() for t in tensors[:5]), h0, scale, cu),
                                         tensors, do.float(), dht)
@@ -98,16 +102,17 @@ def test_chunk_kda_with_kdajit_backend_matches_naive(counted, B, T, H, cu):
             assert_close(f"{label} {name}", r, t, TOLERANCES[name])
 
 
-def test_backend_declines_what_kdajit_does_not_cover(counted):
+def test_backend_declines_what_kdajit_does_not_cover_and_takes_any_gate(counted):
     q, k, v, gate, beta, h0 = kda_inputs(1, 128, 2, 100, 1, seed=0)  # K = 100 (FLA's tests): not covered yet
     with kdajit_fla.enabled(), torch.no_grad():
         fla_kda.chunk_kda(q, k, v, gate, beta, initial_state=h0, output_final_state=True, safe_gate=True)
         assert counted == {"chunk_kda_fwd_intra": 0, "recompute_w_u": 0}
-        q, k, v, gate, beta, h0 = kda_inputs(1, 128, 2, 128, 1, seed=0)
-        fla_kda.chunk_kda(q, k, v, gate, beta, initial_state=h0, output_final_state=True, safe_gate=False)
-    # The unsafe-gate intra stays FLA's; FLA's own intra ends with the dispatched recompute_w_u_fwd, which
-    # kdajit takes: W, U, KG are elementwise in the gate (2^g, 2^(g_last - g) with g <= 0), no bound needed.
-    assert counted == {"chunk_kda_fwd_intra": 0, "recompute_w_u": 1}
+        q, k, v, gate, beta, h0 = kda_inputs(1, 128, 2, 128, 1, seed=0, clamp=False)
+        o, ht = fla_kda.chunk_kda(q, k, v, gate * 10, beta, initial_state=h0, output_final_state=True,
+                                  safe_gate=False)
+    # FLA's default safe_gate=False (here with gates 10x steeper than logsigmoid) runs kdajit's any-gate intra.
+    assert counted["chunk_kda_fwd_intra"] == 1, counted
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
 
 
 @pytest.mark.parametrize("cu", [None, [0, 1, 63, 65, 300]], ids=["dense", "varlen"])
