@@ -3,7 +3,7 @@
 #   bash benchmarks/h200_session.sh STAGE...        (carry .gpu, and .gpu-cache/cpu.tar.xz if present)
 # Stages: tests (demo + the whole GPU suite), core (tests without the FLA-backend file and the
 # FLA-ratio accuracy runs), core_fla (core and dslfree, the FLA tests in the background),
-# flatests (the FLA-backend tests and the FLA-ratio coverage tests), suite (demo + the GPU suite but the fused
+# flatests (the FLA-backend tests and the FLA-ratio coverage tests; FLA_K narrows them), suite (demo + the GPU suite but the fused
 # and FLA-backend files, which have their own stages), fused
 # (fused-kernel GPU tests), bench (bench_forward, every row, with --plot),
 # benchmain (the two main rows, every fused configuration; BENCH_ROWS, BENCH_CONFIGS, BENCH_LIMIT), benchcov
@@ -66,7 +66,7 @@ run_stage() {
         -k "not accuracy_within_contract_factor_of_fla" ;;
     flatests)  # the FLA-backend tests and the coverage specializations' FLA-ratio tests (CPU-bound Triton compiles)
       stage fla_tests "${FLA_LIMIT:-450}" python3 -m pytest -q -m gpu -rfE --durations=8 \
-        tests/test_gpu_fla_backend.py tests/test_gpu_coverage.py -k "fla"
+        tests/test_gpu_fla_backend.py tests/test_gpu_coverage.py -k "${FLA_K:-fla}"
       save_triton_cache ;;
     core_fla)  # core and dslfree, with flatests beside them in the background; its kernels only perturb CTA
       # placement, which the bitwise tests must survive anyway
