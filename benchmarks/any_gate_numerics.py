@@ -15,7 +15,8 @@ diagonal blocks:
   2,048 exp2 per level and 4 levels per block (8,192, against 15,360 pairwise) and causal (m <= i).
 Gate families: FLA's safe gate (logsigmoid clamped at -5), logsigmoid x 10 and x 40 (unbounded), and x 10 with
 half the per-token gates exactly 0 (FLA's `mask_p`). Reports the norm-wise relative error against fp64 and the
-non-finite count. Numbers: docs/performance.md, "Any-gate diagonal blocks".
+non-finite count. Numbers: docs/performance.md, "Any-gate diagonal blocks". Built (2026-12-04): `fp32-pairwise`, as
+`templates/tile_intra.py`'s `exact_diagonal` (safe_gate=False); `fp32-halving` is the candidate for fewer exp2.
 """
 from __future__ import annotations
 
