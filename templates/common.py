@@ -23,6 +23,8 @@ from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
 from kdajit.keys import ALIGN_BY_KIND, VARLEN_MODES
 
+# fp32 arithmetic whose rounding docs/numerics.md fixes (mul.rn / fma.rn: never contracted or reassociated)
+RN = cute.math.RoundingMode.NEAREST_EVEN
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}  # beta
 IO_TYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}  # q, k, v and the 16-bit outputs (key.io_dtype)
 CU_SEQLENS_DTYPES = {"cu32": cutlass.Int32, "cu64": cutlass.Int64}

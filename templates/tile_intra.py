@@ -16,7 +16,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
-_RN = cute.math.RoundingMode.NEAREST_EVEN
+from kdajit.templates.common import RN
 
 SUB = 16        # rows of one sub-block (the MMA M)
 MMA_K = 8       # head-dim step of one mma.sync m16n8k8
@@ -335,8 +335,8 @@ def exact_diagonal(sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor, a: cutlass
             qi = rQ[h].load().to(f32)
             ki = rKi[h].load().to(f32)
             for d in cutlass.range_constexpr(EXACT_STEP):
-                accQK[(e, h), 0, n] = cute.math.fma(qi[d], rKB[d], accQK[(e, h), 0, n], rounding=_RN)
-                accKK[(e, h), 0, n] = cute.math.fma(ki[d], rKB[d], accKK[(e, h), 0, n], rounding=_RN)
+                accQK[(e, h), 0, n] = cute.math.fma(qi[d], rKB[d], accQK[(e, h), 0, n], rounding=RN)
+                accKK[(e, h), 0, n] = cute.math.fma(ki[d], rKB[d], accKK[(e, h), 0, n], rounding=RN)
 
 
 @cute.jit

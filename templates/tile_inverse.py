@@ -15,9 +15,8 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from kdajit.templates.common import sync_group
+from kdajit.templates.common import RN, sync_group
 
-_RN = cute.math.RoundingMode.NEAREST_EVEN
 _PANEL = 4  # columns per panel: one 16-byte shared load of 4 fp32 L values per row
 BLOCK = 16  # rows of the diagonal blocks inverted by forward substitution
 NUM_WARPS = 4
@@ -256,8 +255,8 @@ def right_product(sX, x_bottom, keep, product, a, S, groups, row_group, col):
 def chain_step(acc, l_is, x_s):
     """acc + l_is * x_s rounded once; the first term of a chain is the rounded product."""
     if acc is None:
-        return cute.math.mul(l_is, x_s, rounding=_RN)
-    return cute.math.fma(l_is, x_s, acc, rounding=_RN)
+        return cute.math.mul(l_is, x_s, rounding=RN)
+    return cute.math.fma(l_is, x_s, acc, rounding=RN)
 
 
 def finalize(acc, col, row, on_diagonal):
