@@ -11,13 +11,13 @@ import pytest
 import torch
 
 import kdajit
-from kdajit import api, reference, tuner
+from kdajit import reference, tuner
 from kdajit.keys import ForwardSpec, FusedConfig
 from kdajit.outputs import IO_TORCH_DTYPES
 from test_gpu_causal import assert_rows_equal, complete_chunk_rows
 from test_gpu_forward import (INPUTS, OUTPUTS, FLA_ERROR_FACTOR, assert_bitwise, assert_fp64_accuracy_and_exact_structure,
-                              assert_written, chunk_upper_mask, fla_intra_or_skip, poisoned_out, seed)  # noqa: F401
-from test_gpu_fused import _arch_has_fused
+                              chunk_upper_mask, fla_intra_or_skip, seed)  # noqa: F401
+from test_gpu_fused import _arch_has_fused, fused, standalone
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -40,24 +40,11 @@ def gate_inputs(gate, varlen, io="bf16", K=128, H=3, beta_dtype=torch.float32):
 
 def any_gate(x, cu=None, output_qg=True, config=None):
     """forward(safe_gate=False) into NaN-poisoned outputs (the fused kernel in `config` when given)."""
-    B, T, H, K = x["gk"].shape
-    out = poisoned_out(B, T, H, K, x["v"].shape[-1], qg=output_qg, dtype=x["q"].dtype)
-    res = api._forward(x["q"], x["k"], x["v"], x["gk"], x["beta"], None, cu, 64, output_qg, False, out,
-                       fused_config=config)
-    torch.cuda.synchronize()
-    assert_written(res, f"any gate, {config}")
-    return res
+    return fused(x, cu, output_qg, config, safe_gate=False)
 
 
 def any_gate_standalone(x, cu=None, output_qg=True):
-    B, T, H, K = x["gk"].shape
-    out = poisoned_out(B, T, H, K, x["v"].shape[-1], qg=output_qg, dtype=x["q"].dtype)
-    _, Akk = kdajit.intra(x["q"], x["k"], x["gk"], x["beta"], cu_seqlens=cu, safe_gate=False, out=out)
-    kdajit.recompute_w_u(x["k"], x["v"], x["beta"], Akk, x["gk"], cu_seqlens=cu, q=x["q"] if output_qg else None,
-                         out=out)
-    torch.cuda.synchronize()
-    assert_written(out, "any gate, standalone")
-    return out
+    return standalone(x, cu, output_qg, safe_gate=False)
 
 
 def reference_of(x, cu):
