@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Cross-compile (CPU, no GPU needed) every kernel a benchmarks/h200_session.sh call needs, and pack them as
 # .gpu-cache/cpu.tar.xz (carry it with the call): every reference kernel of bf16 K = V = 128 for sm_90a, the
-# coverage tests' fp16 and K = 64 / 256 kernels, the fused configuration space for the benchmark and
+# coverage tests' fp16, K = V = 64 / 256 and K != V kernels, the fused configuration space for the benchmark and
 # fused-test specializations, and the fused_phases variants.
 #   bash benchmarks/h200_precompile.sh          (~11 min on 2 cores; the tarball is stale once templates change)
 set -euo pipefail
@@ -32,6 +32,12 @@ cov --io fp16 --beta fp16 --kv 64,128,256 --varlen dense,cu32 --qg on --config r
 cov --io bf16 --beta bf16 --kv 64,256 --varlen dense,cu32 --qg on --config ref --config "$persistent_c1"
 cov --io fp16 --beta fp16 --kv 64,128,256 --varlen dense,cu32 --qg off --config ref --config "$tile_w8"
 cov --io bf16 --beta bf16 --kv 64,256 --varlen dense,cu32 --qg off --config ref --config "$tile_w8"
+# ... and its K != V cases, the same configurations
+for qg_config in "on --config $persistent_c1" "off --config $tile_w8"; do
+  read -r qg flag config <<< "$qg_config"
+  cov --io bf16 --beta bf16 --kv 64x128,128x64,64x256 --varlen dense,cu32 --qg "$qg" --config ref "$flag" "$config"
+  cov --io fp16 --beta fp16 --kv 256x64 --varlen dense,cu32 --qg "$qg" --config ref "$flag" "$config"
+done
 fused_bf16_128 --gate safe --beta bf16,fp32 --varlen dense --qg off "${configs[@]}"  # bench_forward rows
 fused_bf16_128 --gate safe --beta fp32 --varlen dense --qg on "${qg_configs[@]}"     # tests/test_gpu_fused.py
 fused_bf16_128 --gate safe --beta bf16 --varlen cu64 --qg off "${configs[@]}"

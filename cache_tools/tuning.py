@@ -55,7 +55,8 @@ def print_record(record: tune_records.TuningRecord, where: str = "") -> None:
 
 
 def run_tune(shapes: list[str], betas: list[str], varlen: str, output_qg: bool, force: bool, as_json: bool,
-             progress: bool, io_dtype: str = "bf16", head_dim: int = 128, any_gate: bool = False) -> int:
+             progress: bool, io_dtype: str = "bf16", head_dims: tuple[int, int] = (128, 128),
+             any_gate: bool = False) -> int:
     import kdajit
     from kdajit import env
 
@@ -69,10 +70,10 @@ def run_tune(shapes: list[str], betas: list[str], varlen: str, output_qg: bool, 
             shape = parse_shape(text)
             mode = varlen if shape["lengths"] is not None else "dense"
             if not as_json:
-                print(f"tuning {io_dtype} q/k/v, K = V = {head_dim}, {beta} beta, {mode}, shape {text}, "
+                print(f"tuning {io_dtype} q/k/v, K = {head_dims[0]}, V = {head_dims[1]}, {beta} beta, {mode}, shape {text}, "
                       f"output_qg={output_qg}, safe_gate={not any_gate}", file=sys.stderr)
             record = kdajit.tune(shape["batch"], shape["tokens"], shape["heads"], beta_dtype=beta,
-                                 varlen=mode, lengths=shape["lengths"], head_k=head_dim, head_v=head_dim,
+                                 varlen=mode, lengths=shape["lengths"], head_k=head_dims[0], head_v=head_dims[1],
                                  output_qg=output_qg, io_dtype=io_dtype, safe_gate=not any_gate, force=force,
                                  progress=_bar if progress and not as_json else None)
             docs.append(record.to_json())

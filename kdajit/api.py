@@ -167,7 +167,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
             output_qg: bool = False, safe_gate: bool = True, out: ForwardOutput | None = None) -> ForwardOutput:
     """The whole KDA forward intra stage: Aqk, Akk = (I+L)^-1, W, U, KG (and QG if `output_qg`).
 
-    q, k: bf16 or fp16 [B, T, H, K], K in {64, 128, 256}; v: [B, T, HV, V] (V == K) in q's dtype; gk:
+    q, k: bf16 or fp16 [B, T, H, K], K in {64, 128, 256}; v: [B, T, HV, V], V in {64, 128, 256}, in q's dtype; gk:
     fp32 chunk-local cumulative log2 gate [B, T, HV, K] (non-increasing within a chunk); beta: bf16, fp16 or
     fp32 [B, T, HV]. `safe_gate=True` (the default) promises KDA's lower-bound gate (every per-token log-gate
     >= -5) and runs the fast path; `safe_gate=False` runs the any-gate path, finite and accurate for every

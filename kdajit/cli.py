@@ -122,9 +122,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     for beta in betas:
         if beta not in keys.BETA_DTYPES:
             raise ValueError(f"--beta {beta!r} is not one of {', '.join(keys.BETA_DTYPES)}")
+    head_dims = keyspec.parse_kv(args.kv)
+    for name, dim in zip(("K", "V"), head_dims):
+        if dim not in keys.HEAD_DIMS:
+            raise ValueError(f"--kv {args.kv!r}: {name}={dim} is not one of {', '.join(map(str, keys.HEAD_DIMS))}")
     try:
         return tuning.run_tune(args.shape, betas, args.varlen, args.qg == "on", args.force, args.json,
-                               not args.no_progress, args.io, args.kv, args.gate == "any")
+                               not args.no_progress, args.io, head_dims, args.gate == "any")
     except RuntimeError as e:  # no GPU, a strict-bitwise mismatch: said in one line, not a traceback
         print(f"kdajit: error: {e}", file=sys.stderr)
         return 1
@@ -209,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--varlen", choices=("cu32", "cu64"), default="cu32", help="cu_seqlens dtype of H:len shapes")
     t.add_argument("--qg", choices=("off", "on"), default="off", help="output_qg")
     t.add_argument("--io", choices=keys.IO_DTYPES, default="bf16", help="q/k/v dtype (default bf16)")
-    t.add_argument("--kv", type=int, choices=keys.HEAD_DIMS, default=128, help="head size K = V (default 128)")
+    t.add_argument("--kv", default="128", help="head dims: K (V=K) or KxV, e.g. 128 or 64x128 (default 128)")
     t.add_argument("--gate", choices=("safe", "any"), default="safe",
                    help="gate path: safe (safe_gate=True, default) or any (safe_gate=False)")
     t.add_argument("--force", action="store_true", help="re-time every candidate, even ones already recorded")

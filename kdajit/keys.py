@@ -20,7 +20,7 @@ BETA_DTYPES = ("bf16", "fp16", "fp32")
 IO_DTYPES = ("bf16", "fp16")
 # "dense": equal-length batch [B, T]; "cu32"/"cu64": packed sequences with int32/int64 cu_seqlens.
 VARLEN_MODES = ("dense", "cu32", "cu64")
-HEAD_DIMS = (64, 128, 256)  # K = V only: each K is a specialization of every template
+HEAD_DIMS = (64, 128, 256)  # K and V (any pair): each is a specialization of every template that reads it
 CHUNK_SIZES = (64,)
 # Base-address alignment (bytes) the kernels assume: the fake tensors' `assumed_align` in
 # templates/common.py `SymbolicShapes`. kdajit.validate checks exactly these before any launch.
@@ -93,9 +93,9 @@ FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
     FusedConfig(True, ctas, raster, ahead) for ahead in LOADS_AHEAD for ctas in (1, 2) for raster in RASTER_ORDERS
 ) + (FusedConfig(warps=8),) + tuple(FusedConfig(True, ctas, "head", 0, 8) for ctas in (1, 2))
 # What `kdajit.forward` runs on the fused archs where no tuning record applies (KDAJIT_AUTOTUNE=off, or no record
-# for the call's workload), by (head_k, output_qg): the fused kernel in the fastest configuration measured on the
-# H200, or None for the standalone kernels where they measured faster than every fused configuration; the
-# reference configuration elsewhere. Measured at B=2 T=8192 H=64, bf16 (docs/performance.md, 2026-12-03): K = 128
+# for the call's workload), by (head_k, output_qg); K != V follows its K's entry (not measured apart): the fused
+# kernel in the fastest configuration measured on the H200, or None for the standalone kernels where they measured
+# faster than every fused configuration; the reference configuration elsewhere. Measured at B=2 T=8192 H=64, bf16 (docs/performance.md, 2026-12-03): K = 128
 # without QG, tile-w8 1.01 ms against the reference's 1.20; K = 256 without QG, tile-w8 2.52 against the
 # standalone kernels' 2.69 (the reference 2.97); K = 256 with QG (no 8-warp build there), the reference 2.97
 # against the standalone 2.69. Every configuration and route gives the same bits, so this choice is speed only.
@@ -290,9 +290,6 @@ class ForwardSpec:
         _check_choice("varlen", self.varlen, VARLEN_MODES)
         _check_choice("head_k (K)", self.head_k, HEAD_DIMS)
         _check_choice("head_v (V)", self.head_v, HEAD_DIMS)
-        if self.head_v != self.head_k:
-            raise ValueError(f"head_v (V)={self.head_v} with head_k (K)={self.head_k} is not supported; "
-                             f"expected V == K")
         _check_choice("chunk_size", self.chunk, CHUNK_SIZES)
         _check_choice("arch", self.arch, ARCHS)
         if not isinstance(self.output_qg, bool):

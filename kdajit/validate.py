@@ -303,9 +303,6 @@ def check_forward_inputs(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tenso
                              f"got {list(v.shape)}")
         head_v = v.shape[3]
         _choice("V (v.shape[-1])", head_v, HEAD_DIMS)
-        if head_v != head_k:
-            raise NotImplementedError(f"V={head_v} (v.shape[-1]) with K={head_k} is not supported yet; supported: "
-                                      f"V == K")
     for name, t in (("q", q), ("k", k), ("v", v), ("gk", gk), ("beta", beta)):
         if t is not None:
             _layout(name, t)

@@ -50,8 +50,8 @@ shared memory once the tile's loads have landed) right after the gate rows, so t
 while W and U are multiplied and stored. No buffer is added: a K = 256 tile that leaves no room
 for a second stage still works, it only overlaps less.
 Sizes are template parameters (chunk, head_k, head_v from the key); the device functions currently
-implement chunk 64 and K = V in keys.HEAD_DIMS (`can_implement`). At K = V = 64 a CTA needs 73,728 B
-(three fit an SM); at 256, 208,896 B (one).
+implement chunk 64 and K, V in keys.HEAD_DIMS (`can_implement`; K != V computes Vp in v's own rows and
+columns after the gate rows). At K = V = 64 a CTA needs 73,728 B (three fit an SM); at 256, 208,896 B (one).
 """
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ from kdajit.templates.tile_intra import (beta_row, intra_tile, load_rows, make_i
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_layout, make_akk_store_copy,
                                            make_l_load_copy, store_akk_rows, x00_layout, zero_rows_from)
 from kdajit.templates.tile_recompute import (VEC, RecomputeLayouts, gate_row, make_recompute_mma,
-                                             product_of_group, products_w_u, row_fragments, store_akk)
+                                             product_of_group, products_w_u, row_fragments, store_akk,
+                                             value_row)
 
 # 4 warps: the inverse, the gate rows and the W/U products are written for one group of 4 warps (all of
 # a 4-warp CTA; in an 8-warp CTA group 0 = warps 0-3 inverts and multiplies W, group 1 = warps 4-7
@@ -151,7 +152,7 @@ class FusedForward:
         if not isinstance(key, FusedForwardKey):
             return False
         cfg = key.config
-        fits = (key.chunk == 64 and key.head_k in HEAD_DIMS and key.head_v == key.head_k
+        fits = (key.chunk == 64 and key.head_k in HEAD_DIMS and key.head_v in HEAD_DIMS
                 and key.beta_dtype in DTYPES and key.io_dtype in IO_TYPES and key.varlen in VARLEN_MODES
                 and key.arch in FUSED_ARCHS
                 and isinstance(key.output_qg, bool) and isinstance(key.safe_gate, bool))
@@ -439,8 +440,8 @@ class FusedForward:
     @cute.jit
     def load_v_rows(self, mV: cute.Tensor, batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
                     valid_rows: cutlass.Int32, tidx: cutlass.Int32, rV: cute.Tensor):
-        """v of this thread's gate_row rows (t // 16 + 8p, columns 8 (t % 16) ..) -> rV, clamped to row
-        valid_rows - 1 as in the standalone recompute; invariant 16-byte loads, all in flight."""
+        """v of this thread's value rows (t // (V / 8) + p (128 / (V / 8)), columns 8 (t % (V / 8)) ..) -> rV,
+        clamped to row valid_rows - 1 as in the standalone recompute; invariant 16-byte loads, all in flight."""
         col_tiles = self.head_v // VEC
         rows_per_pass = GROUP_THREADS // col_tiles
         ld_io = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), self.io, num_bits_per_copy=128, invariant=True)
@@ -465,7 +466,8 @@ class FusedForward:
                   rV: cute.Tensor, dKG: cute.Tensor, mQG: cute.Tensor, sKp: cute.Tensor, sVp: cute.Tensor,
                   batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
                   valid_rows: cutlass.Int32, tidx: cutlass.Int32):
-        """`gate_row` for this thread's rows t // 16 + 8p, columns 8 (t % 16) .., operands from smem."""
+        """`gate_row` for this thread's rows t // (K / 8) + p (128 / (K / 8)), columns 8 (t % (K / 8)) ..,
+        operands from smem; Vp from rV (`load_v_rows`' rows), in the same loop when K == V."""
         f32, io = cutlass.Float32, self.io
         col_tiles = self.head_k // VEC
         rows_per_pass = GROUP_THREADS // col_tiles
@@ -478,11 +480,17 @@ class FusedForward:
         rK = cute.make_rmem_tensor((VEC,), io)
         rG = cute.make_rmem_tensor((VEC,), f32)
         rQ = cute.make_rmem_tensor((VEC,), io)
-        for p in cutlass.range_constexpr(cute.size(rV, mode=[0])):
+        same_rows = cutlass.const_expr(self.head_k == self.head_v)  # rV holds v in these rows and columns
+        for p in cutlass.range_constexpr(self.chunk // rows_per_pass):
             row = tidx // col_tiles + p * rows_per_pass
             cute.autovec_copy(cute.local_tile(sK[row, None], (VEC,), (col_tile,)), rK)
             cute.autovec_copy(cute.local_tile(sG[row, None], (VEC,), (col_tile,)), rG)
             if cutlass.const_expr(self.output_qg):
                 cute.autovec_copy(cute.local_tile(sQ[row, None], (VEC,), (col_tile,)), rQ)
-            gate_row(rK, rG, rV[p, None], rQ, sBeta[row], rGlast, dKG, dQG, sKp, sVp, row, valid_rows,
-                     col_tile, self.output_qg)
+            gate_row(rK, rG, rV[p, None] if same_rows else None, rQ, sBeta[row], rGlast, dKG, dQG, sKp, sVp,
+                     row, valid_rows, col_tile, self.output_qg)
+        if cutlass.const_expr(not same_rows):
+            v_col_tiles = self.head_v // VEC
+            for p in cutlass.range_constexpr(cute.size(rV, mode=[0])):
+                row = tidx // v_col_tiles + p * (GROUP_THREADS // v_col_tiles)
+                value_row(rV[p, None], sBeta[row], sVp, row, valid_rows, tidx % v_col_tiles)

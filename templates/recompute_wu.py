@@ -33,7 +33,8 @@ Code: the per-row arithmetic (`gate_row`), the Akk staging and the W/U products 
 device functions of templates/tile_recompute.py (also used by the fused kernel); this file holds
 the standalone launch and the global-memory loads.
 
-Constraints: K = V in keys.HEAD_DIMS, chunk = 64, 4 warps. Shared memory at K = 128: 40,960 bytes
+Constraints: K, V in keys.HEAD_DIMS (K != V: Vp is staged after the gate rows, in v's own rows and
+columns, `stage_values`), chunk = 64, 4 warps. Shared memory at K = V = 128: 40,960 bytes
 (Akk 8 KiB, Kp and Vp 16 KiB each; the W / U staging tiles reuse Kp / Vp). No atomics, fixed arithmetic
 order: a chunk gives the same bits in dense and varlen mode and in any batch. Grouped value heads: the
 grid walks the HV value heads; k (and q) are read at head h // (HV / H).
@@ -50,7 +51,7 @@ from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows,
                                     make_struct, qk_head)
 from kdajit.templates.tile_recompute import (NUM_WARPS, VEC, RecomputeLayouts, gate_row,
                                              make_recompute_mma, products_w_u, row_fragments,
-                                             store_akk)
+                                             store_akk, value_row)
 
 
 def recompute_smem_struct(chunk: int, head_k: int, head_v: int, io):
@@ -86,7 +87,7 @@ class RecomputeWU:
     def can_implement(key) -> bool:
         return (isinstance(key, RecomputeWUKey)
                 and key.config.warps == NUM_WARPS
-                and key.head_k in HEAD_DIMS and key.head_v == key.head_k
+                and key.head_k in HEAD_DIMS and key.head_v in HEAD_DIMS
                 and key.chunk == 64
                 and key.beta_dtype in DTYPES and key.io_dtype in IO_TYPES
                 and key.varlen in VARLEN_MODES
@@ -192,6 +193,7 @@ class RecomputeWU:
         num_passes = self.chunk // rows_per_pass
         group = 2
         col_tile = tidx % col_tiles
+        same_rows = cutlass.const_expr(self.head_k == self.head_v)  # v loaded with k, in its rows and columns
         rGlast = cute.make_rmem_tensor((VEC,), f32)
         cute.copy(ld_f32, cute.local_tile(mG[batch, row0 + valid_rows - 1, head, None], (VEC,),
                                           (col_tile,)), rGlast)
@@ -210,8 +212,9 @@ class RecomputeWU:
                                                        (col_tile,)), rK[p, None])
                     cute.copy(ld_f32, cute.local_tile(mG[batch, src_row, head, None], (VEC,),
                                                       (col_tile,)), rG[p, None])
-                    cute.copy(ld_io, cute.local_tile(mV[batch, src_row, head, None], (VEC,),
-                                                       (col_tile,)), rV[p, None])
+                    if cutlass.const_expr(same_rows):
+                        cute.copy(ld_io, cute.local_tile(mV[batch, src_row, head, None], (VEC,),
+                                                           (col_tile,)), rV[p, None])
                     cute.copy(ld_beta, cute.local_tile(mBeta[batch, None, head], (1,), (src_row,)),
                               rBeta[p, None])
                     if cutlass.const_expr(self.output_qg):
@@ -222,5 +225,28 @@ class RecomputeWU:
             else:
                 for p in cutlass.range_constexpr((n - 1) * group, n * group):
                     row = tidx // col_tiles + p * rows_per_pass
-                    gate_row(rK[p, None], rG[p, None], rV[p, None], rQ[p, None], rBeta[p, 0].to(f32),
-                             rGlast, dKG, dQG, sKp, sVp, row, valid_rows, col_tile, self.output_qg)
+                    gate_row(rK[p, None], rG[p, None], rV[p, None] if same_rows else None, rQ[p, None],
+                             rBeta[p, 0].to(f32), rGlast, dKG, dQG, sKp, sVp, row, valid_rows, col_tile,
+                             self.output_qg)
+        if cutlass.const_expr(not same_rows):
+            self.stage_values(mV, mBeta, sVp, batch, head, row0, valid_rows, tidx, ld_io, ld_beta)
+
+    @cute.jit
+    def stage_values(self, mV: cute.Tensor, mBeta: cute.Tensor, sVp: cute.Tensor, batch: cutlass.Int32,
+                     head: cutlass.Int32, row0: cutlass.Int32, valid_rows: cutlass.Int32, tidx: cutlass.Int32,
+                     ld_io: cute.CopyAtom, ld_beta: cute.CopyAtom):
+        """Vp -> sVp when K != V: thread t owns columns 8 * (t % (V / 8)) .. +7 of rows t // (V / 8) + p *
+        (128 / (V / 8)); every load is issued (clamped to row valid_rows - 1) before the first is used."""
+        col_tiles = self.head_v // VEC
+        rows_per_pass = self.num_threads // col_tiles
+        num_passes = self.chunk // rows_per_pass
+        col_tile = tidx % col_tiles
+        rV = row_fragments(num_passes, self.io)
+        rBeta = cute.make_rmem_tensor((num_passes, 1), mBeta.element_type)
+        for p in cutlass.range_constexpr(num_passes):
+            src_row = row0 + min(tidx // col_tiles + p * rows_per_pass, valid_rows - 1)
+            cute.copy(ld_io, cute.local_tile(mV[batch, src_row, head, None], (VEC,), (col_tile,)), rV[p, None])
+            cute.copy(ld_beta, cute.local_tile(mBeta[batch, None, head], (1,), (src_row,)), rBeta[p, None])
+        for p in cutlass.range_constexpr(num_passes):
+            value_row(rV[p, None], rBeta[p, 0].to(cutlass.Float32), sVp, tidx // col_tiles + p * rows_per_pass,
+                      valid_rows, col_tile)

@@ -5,7 +5,8 @@ Shared by `templates/recompute_wu.py` (inputs from global memory) and `templates
 `templates/recompute_wu.py` and docs/numerics.md.
 
 - `gate_row`: one row's 8 columns, from register vectors (wherever they were loaded from): Kp, Vp to
-  the shared B-operand tiles, KG and QG to global. Every output element is computed here only.
+  the shared B-operand tiles, KG and QG to global. Every output element is computed here only (Vp by
+  `value_row`, which K != V calls on rows of v's own layout).
 - `store_akk`: Akk rows (register vectors) -> the shared A tile, rows >= valid_rows as zero.
 - `product`: W or U = io_RN(Akk @ B) with mma.sync m16n8k16 from the shared tiles, staged and
   stored with 16-byte row stores.
@@ -94,12 +95,24 @@ def store_akk(rA: cute.Tensor, sA: cute.Tensor, valid_rows: cutlass.Int32, tidx:
 
 
 @cute.jit
+def value_row(rV: cute.Tensor, beta: cutlass.Float32, sVp: cute.Tensor, row: cutlass.Int32,
+              valid_rows: cutlass.Int32, col_tile: cutlass.Int32):
+    """One row's 8 columns of Vp = io_RN(v * beta) to smem (zero past valid_rows)."""
+    f32, io = cutlass.Float32, sVp.element_type
+    keep = cute.full((VEC,), row < valid_rows, cutlass.Boolean)
+    rVp = cute.make_rmem_tensor((VEC,), io)
+    rVp.store(cute.where(keep, (rV.load().to(f32) * beta).to(io), io(0.0)))
+    cute.autovec_copy(rVp, cute.local_tile(sVp[None, row], (VEC,), (col_tile,)))
+
+
+@cute.jit
 def gate_row(rK: cute.Tensor, rG: cute.Tensor, rV: cute.Tensor, rQ: cute.Tensor,
              beta: cutlass.Float32, rGlast: cute.Tensor, dKG: cute.Tensor, dQG: cute.Tensor,
              sKp: cute.Tensor, sVp: cute.Tensor, row: cutlass.Int32, valid_rows: cutlass.Int32,
              col_tile: cutlass.Int32, output_qg: cutlass.Constexpr):
-    """One row's 8 columns: Kp, Vp to smem (zero past valid_rows), KG, QG to global (dKG, dQG:
-    [chunk, K] views of this chunk's rows)."""
+    """One row's 8 columns: Kp (and Vp, `value_row`, unless rV is None: K != V takes v in rows of its
+    own) to smem (zero past valid_rows), KG, QG to global (dKG, dQG: [chunk, K] views of this chunk's
+    rows)."""
     f32, io = cutlass.Float32, sKp.element_type
     is_row_valid = row < valid_rows
     keep = cute.full((VEC,), is_row_valid, cutlass.Boolean)
@@ -110,9 +123,8 @@ def gate_row(rK: cute.Tensor, rG: cute.Tensor, rV: cute.Tensor, rQ: cute.Tensor,
     rKp = cute.make_rmem_tensor((VEC,), io)
     rKp.store(cute.where(keep, ((k * beta) * gate).to(io), io(0.0)))
     cute.autovec_copy(rKp, cute.local_tile(sKp[None, row], (VEC,), (col_tile,)))
-    rVp = cute.make_rmem_tensor((VEC,), io)
-    rVp.store(cute.where(keep, (rV.load().to(f32) * beta).to(io), io(0.0)))
-    cute.autovec_copy(rVp, cute.local_tile(sVp[None, row], (VEC,), (col_tile,)))
+    if cutlass.const_expr(rV is not None):
+        value_row(rV, beta, sVp, row, valid_rows, col_tile)
 
     rKG = cute.make_rmem_tensor((VEC,), io)
     rKG.store((k * cute.math.exp2(rGlast.load() - g, fastmath=True)).to(io))

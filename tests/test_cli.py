@@ -298,6 +298,11 @@ def test_precompile_expands_and_dedups_the_cross_product(tmp_path, capsys):
     assert templates(*one_spec, "--gate", "safe") == ["akk_inverse", "fused_forward", "intra", "recompute_wu"]
     assert templates(*one_spec, "--gate", "any") == ["akk_inverse", "fused_forward", "intra", "recompute_wu"]
     assert len(templates(*one_spec)) == 6
+    # K != V: the kernels that read v are new; intra (K only) and the inverse are those of K = V = 64
+    unequal = ("--beta", "bf16", "--varlen", "dense", "--qg", "on", "--io", "bf16", "--gate", "safe")
+    assert templates(*unequal, "--kv", "64x256") == ["akk_inverse", "fused_forward", "intra", "recompute_wu"]
+    assert templates(*unequal, "--kv", "64,64x256") == ["akk_inverse", "fused_forward", "fused_forward", "intra",
+                                                        "recompute_wu", "recompute_wu"]
     assert len(templates("--arch", "sm_100a", "--only", "akk_inverse,intra")) == 2 * (inverse + 2 * intra)
     rc, _, err = kd(capsys, "precompile", "--cache-dir", tmp_path, "--arch", "sm_75", "--dry-run")
     assert rc == 2 and "arch='sm_75' is not supported" in err
@@ -322,6 +327,12 @@ def test_unsupported_config_fails_at_argument_checking(tmp_path, capsys):
         assert (rc, out) == (2, ""), out + err
         assert "cannot implement config warps=3" in err and "Traceback" not in err
     assert not (tmp_path / "c").exists()
+
+
+def test_tune_refuses_unsupported_head_dims_before_any_gpu_work(tmp_path, capsys):
+    for kv, words in (("96", "K=96 is not one of 64, 128, 256"), ("128x80", "V=80"), ("12y8", "is not a head dim")):
+        rc, out, err = kd(capsys, "tune", "--cache-dir", tmp_path, "--shape", "1x64x1", "--kv", kv)
+        assert rc == 2 and words in err and "Traceback" not in err, out + err
 
 
 def test_zero_jobs_is_refused(tmp_path):

@@ -1,7 +1,7 @@
 """GPU: the specializations beside bf16 K = V = 128 keep every promise of the reference one.
 
-Each case is an io dtype (q, k, v and every output: bf16 or fp16) and a head size K = V (64, 128 or
-256), with beta in the io dtype (as FLA's fp16 tests draw it). For each, dense and varlen (partial
+Each case is an io dtype (q, k, v and every output: bf16 or fp16) and head sizes K and V (64, 128 or
+256; K != V too), with beta in the io dtype (as FLA's fp16 tests draw it). For each, dense and varlen (partial
 chunks, 1-token sequences): every element written (outputs poisoned with NaN), outputs in the io
 dtype, error against the fp64 reference within the accuracy rule and the exact structure (Aqk zero
 above the diagonal, Akk unit lower triangular), the fused kernel (reference and a persistent
@@ -24,29 +24,33 @@ from test_gpu_fused import _arch_has_fused, fused, standalone
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-# (io dtype, K = V); the reference specialization (bf16, 128) is tested everywhere else.
-CASES = [("fp16", 128), ("bf16", 64), ("bf16", 256), ("fp16", 64), ("fp16", 256)]
-CASE_IDS = [f"{io}-K{K}" for io, K in CASES]
+# (io dtype, K, V); the reference specialization (bf16, 128, 128) is tested everywhere else. The K != V pairs
+# put the smaller head on each side once, and 64 against 256 (v's rows and k's rows furthest apart).
+CASES = [("fp16", 128, 128), ("bf16", 64, 64), ("bf16", 256, 256), ("fp16", 64, 64), ("fp16", 256, 256),
+         ("bf16", 64, 128), ("bf16", 128, 64), ("fp16", 256, 64), ("bf16", 64, 256)]
+CASE_IDS = [f"{io}-K{K}" + (f"-V{V}" if V != K else "") for io, K, V in CASES]
 # A persistent configuration every case can build (one CTA per SM fits K = 256).
 PERSISTENT = FusedConfig(True, 1, "head", 1)
 EIGHT_WARPS = FusedConfig(warps=8)  # forward's untuned configuration without QG (no QG build)
 VARLEN_LENGTHS = [1, 63, 65, 200, 130]
 
 
-def inputs(io, K, varlen, H=3, group=1):
-    """(inputs, cu_seqlens): q, k with H heads, v, gk, beta with H * group (grouped value heads when group > 1)."""
+def inputs(io, K, varlen, H=3, group=1, V=None):
+    """(inputs, cu_seqlens): q, k with H heads and head size K, v (head size V, default K), gk, beta with H * group
+    heads (grouped value heads when group > 1)."""
+    V = K if V is None else V
     dtype = IO_TORCH_DTYPES[io]
     dtypes = dict(beta_dtype=dtype, io_dtype=dtype, value_heads=H * group, device="cuda")
     if varlen:
         cu = torch.tensor([0] + VARLEN_LENGTHS, device="cuda").cumsum(0).to(torch.int32)
-        return reference.make_inputs(1, sum(VARLEN_LENGTHS), H, K, K, cu_seqlens=cu, **dtypes), cu
-    return reference.make_inputs(2, 300, H, K, K, **dtypes), None
+        return reference.make_inputs(1, sum(VARLEN_LENGTHS), H, K, V, cu_seqlens=cu, **dtypes), cu
+    return reference.make_inputs(2, 300, H, K, V, **dtypes), None
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-@pytest.mark.parametrize("io, K", CASES, ids=CASE_IDS)
-def test_accuracy_against_fp64_and_exact_structure(seed, io, K, varlen):
-    x, cu, out, ref = accuracy_case(io, varlen, io, K)
+@pytest.mark.parametrize("io, K, V", CASES, ids=CASE_IDS)
+def test_accuracy_against_fp64_and_exact_structure(seed, io, K, V, varlen):
+    x, cu, out, ref = accuracy_case(io, varlen, io, K, V)
     for name in OUTPUTS:
         got = getattr(out, name)
         assert got.dtype == IO_TORCH_DTYPES[io], f"{name} has dtype {got.dtype}, expected the inputs' {io}"
@@ -55,33 +59,34 @@ def test_accuracy_against_fp64_and_exact_structure(seed, io, K, varlen):
 
 @pytest.mark.skipif(not _arch_has_fused(), reason="this GPU's arch has no fused kernel")
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-@pytest.mark.parametrize("io, K", CASES, ids=CASE_IDS)
-def test_fused_configs_equal_standalone(seed, io, K, varlen):
-    x, cu = inputs(io, K, varlen)
+@pytest.mark.parametrize("io, K, V", CASES, ids=CASE_IDS)
+def test_fused_configs_equal_standalone(seed, io, K, V, varlen):
+    x, cu = inputs(io, K, varlen, V=V)
     expected = standalone(x, cu, True)
     for config in (FusedConfig(), PERSISTENT):
-        assert_bitwise(expected, fused(x, cu, True, config), f"{io} K={K}: {config.slug()} vs the standalone route")
+        assert_bitwise(expected, fused(x, cu, True, config), f"{io} K={K} V={V}: {config.slug()} vs the standalone "
+                                                             f"route")
     assert_bitwise(standalone(x, cu, False), fused(x, cu, False, EIGHT_WARPS),
-                   f"{io} K={K}, no QG: {EIGHT_WARPS.slug()} vs the standalone route")
+                   f"{io} K={K} V={V}, no QG: {EIGHT_WARPS.slug()} vs the standalone route")
 
 
 @pytest.mark.parametrize("offset", [1, 17, 63])
-@pytest.mark.parametrize("io, K", CASES, ids=CASE_IDS)
-def test_appending_tokens_keeps_earlier_rows(seed, io, K, offset):
+@pytest.mark.parametrize("io, K, V", CASES, ids=CASE_IDS)
+def test_appending_tokens_keeps_earlier_rows(seed, io, K, V, offset):
     prefix = 64 + offset
     dtype = IO_TORCH_DTYPES[io]
-    x = reference.make_inputs(2, prefix + 58, 3, K, K, beta_dtype=dtype, io_dtype=dtype, device="cuda")
+    x = reference.make_inputs(2, prefix + 58, 3, K, V, beta_dtype=dtype, io_dtype=dtype, device="cuda")
     longer = run(x)
     shorter = run({n: x[n][:, :prefix].contiguous() for n in INPUTS})
     assert_rows_equal(longer, shorter, slice(0, prefix), slice(0, prefix), complete_chunk_rows(prefix),
-                      f"{io} K={K}: prefix of {prefix} tokens vs the same tokens followed by 58 more")
+                      f"{io} K={K} V={V}: prefix of {prefix} tokens vs the same tokens followed by 58 more")
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-@pytest.mark.parametrize("io, K", CASES, ids=CASE_IDS)
-def test_accuracy_within_contract_factor_of_fla(seed, io, K, varlen):
+@pytest.mark.parametrize("io, K, V", CASES, ids=CASE_IDS)
+def test_accuracy_within_contract_factor_of_fla(seed, io, K, V, varlen):
     fla_intra = fla_intra_or_skip()
-    assert_within_fla_factor(fla_intra, *accuracy_case(io, varlen, io, K), what=f"{io} K={K}:")
+    assert_within_fla_factor(fla_intra, *accuracy_case(io, varlen, io, K, V), what=f"{io} K={K} V={V}:")
 
 
 # (io dtype, K = V, H, group): grouped value heads, HV = group * H.

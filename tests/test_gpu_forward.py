@@ -116,17 +116,18 @@ def chunk_upper_mask(T, cu=None):
     return torch.arange(64, device="cuda")[None, :] > chunk_positions(T, cu)[:, None]
 
 
-def accuracy_case(beta, varlen, io="bf16", K=128):
+def accuracy_case(beta, varlen, io="bf16", K=128, V=None):
     """(inputs, cu_seqlens, kdajit's outputs, fp64 reference) of the accuracy tests; `io` is the dtype of
-    q, k, v and K = V their head size."""
+    q, k, v, K their head size and V v's (default K)."""
+    V = K if V is None else V
     dtypes = dict(beta_dtype=BETA_TORCH_DTYPES[beta], io_dtype=IO_TORCH_DTYPES[io])
     if varlen:
         lengths = [1, 63, 64, 65, 127, 700, 1000]
         cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
-        x = reference.make_inputs(1, sum(lengths), 4, K, K, cu_seqlens=cu, device="cuda", **dtypes)
+        x = reference.make_inputs(1, sum(lengths), 4, K, V, cu_seqlens=cu, device="cuda", **dtypes)
     else:
         cu = None
-        x = reference.make_inputs(2, 1024, 4, K, K, device="cuda", **dtypes)
+        x = reference.make_inputs(2, 1024, 4, K, V, device="cuda", **dtypes)
     out = run(x, cu)
     ref = reference.forward_reference(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=True)
     return x, cu, out, ref

@@ -68,7 +68,7 @@ def test_kernel_keys_only_hold_what_the_kernel_depends_on():
 @pytest.mark.parametrize("field,value,words", [
     ("beta_dtype", "fp64", ["beta_dtype", "fp64", "bf16", "fp16", "fp32"]),
     ("io_dtype", "fp32", ["io_dtype", "fp32", "bf16", "fp16"]),
-    ("head_v", 64, ["head_v", "64", "V == K"]),
+    ("head_v", 96, ["head_v", "96", "64", "128", "256"]),
     ("varlen", "cu16", ["varlen", "cu16"]),
     ("head_k", 96, ["head_k", "96"]),
     ("chunk", 48, ["chunk_size", "48"]),

@@ -5,8 +5,8 @@ and checks the object: an ELF file whose embedded cubins are all for the key's a
 into a callable through its exported symbol. A template that stops compiling, that ignores the
 key's arch, or that stops accepting a key it is meant to implement fails here before it reaches a GPU.
 
-The sweep is every ForwardSpec of kdajit.keys' value lists on every arch, plus the fused kernel in every
-configuration of `kdajit.keys.FUSED_CONFIG_SPACE`. By default only its fast tier runs (each template's
+The sweep is every ForwardSpec of kdajit.keys' value lists on every arch (K != V in bf16 with the safe gate),
+plus the fused kernel in every configuration of `kdajit.keys.FUSED_CONFIG_SPACE`. By default only its fast tier runs (each template's
 reference key plus a sample covering every field value, config fields included; tests/tiers.py);
 `python -m pytest -q --full` compiles all of it (run it before submitting kernel changes).
 """
@@ -24,12 +24,22 @@ SPECS = [ForwardSpec(beta, varlen, d, d, chunk, qg, arch, io, safe_gate)
          for beta, varlen, d, chunk, qg, arch, io, safe_gate in itertools.product(
              keys.BETA_DTYPES, keys.VARLEN_MODES, keys.HEAD_DIMS, keys.CHUNK_SIZES, (False, True), keys.ARCHS,
              keys.IO_DTYPES, (True, False))]
+# K != V: only the kernels that read v (recompute, fused) see V, so every pair in one io dtype and gate path.
+UNEQUAL_HEADS = [ForwardSpec(beta, varlen, head_k, head_v, chunk, qg, arch)
+                 for beta, varlen, (head_k, head_v), chunk, qg, arch in itertools.product(
+                     keys.BETA_DTYPES, keys.VARLEN_MODES, itertools.permutations(keys.HEAD_DIMS, 2),
+                     keys.CHUNK_SIZES, (False, True), keys.ARCHS)]
+SPECS += UNEQUAL_HEADS
 # Every kernel `forward`/`intra`/`recompute_w_u` run, plus the fused kernel in every configuration of its space.
 KEYS = sorted({key for spec in SPECS for key in spec.kernel_keys()}
               | {spec.fused_key(c) for spec in SPECS if spec.uses_fused for c in keys.FUSED_CONFIG_SPACE},
               key=lambda k: (k.arch != "sm_90a", k.canonical()))
 # Each template's reference configuration: the reference spec (the demo's) on the reference arch.
 REFERENCE = ForwardSpec("bf16", "cu32", 128, 128, 64, True, "sm_90a").kernel_keys()
+# The fast tier covers field values one at a time, so it would never pick K != V: two pairs join it, each with
+# the smaller head first and last, and the 8-warp fused configuration (which splits W and U across its groups).
+FAST_UNEQUAL = (ForwardSpec("fp32", "dense", 64, 256, 64, True, "sm_90a").kernel_keys()
+                + (ForwardSpec("bf16", "cu64", 256, 128, 64, False, "sm_90a").fused_key(FusedConfig(warps=8)),))
 
 def cubin_archs(obj: bytes) -> list[str]:
     """The SM arch of every cubin embedded in a host object, from the cubin ELF headers."""
@@ -47,7 +57,7 @@ def test_sweep_covers_every_template_and_arch():
     assert {k.config for k in KEYS if k.TEMPLATE == "fused_forward"} == set(keys.FUSED_CONFIG_SPACE)
 
 
-@pytest.mark.parametrize("key", tiers.tiered(KEYS, REFERENCE,
+@pytest.mark.parametrize("key", tiers.tiered(KEYS, REFERENCE + FAST_UNEQUAL,
                                              ids=lambda k: f"{k.arch}-{k.spec_slug()}-{k.config.slug()}"))
 def test_template_compiles(key, tmp_path):
     path = os.fspath(tmp_path / "kernel.o")
