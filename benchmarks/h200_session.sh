@@ -2,7 +2,7 @@
 # GPU work on the project's lent H200 in one device call, as named stages:
 #   bash benchmarks/h200_session.sh STAGE...        (carry .gpu, and .gpu-cache/cpu.tar.xz if present)
 # Stages: tests (demo + the whole GPU suite), core (tests without the FLA-backend file and the
-# FLA-ratio accuracy runs), core_fla (core and dslfree, the FLA tests in the background),
+# FLA-ratio accuracy runs; CORE_LIMIT seconds, default 300), core_fla (core and dslfree, the FLA tests in the background),
 # flatests (the FLA-backend tests and the FLA-ratio coverage tests; FLA_K narrows them), suite (demo + the GPU suite but the fused
 # and FLA-backend files, which have their own stages), fused
 # (fused-kernel GPU tests), bench (bench_forward, every row, with --plot),
@@ -62,7 +62,7 @@ run_stage() {
       stage gpu_tests 420 python3 -m pytest -q -m gpu -rfE --durations=15 tests ;;
     core)  # the GPU suite but the FLA backend file and the four FLA-ratio accuracy runs (~160 s of FLA time)
       stage demo 120 python3 -m kdajit demo
-      stage core 300 python3 -m pytest -q -m gpu -rfE --durations=10 tests --ignore=tests/test_gpu_fla_backend.py \
+      stage core "${CORE_LIMIT:-300}" python3 -m pytest -q -m gpu -rfE --durations=10 tests --ignore=tests/test_gpu_fla_backend.py \
         -k "not accuracy_within_contract_factor_of_fla" ;;
     flatests)  # the FLA-backend tests and the coverage specializations' FLA-ratio tests (CPU-bound Triton compiles)
       stage fla_tests "${FLA_LIMIT:-450}" python3 -m pytest -q -m gpu -rfE --durations=8 \
