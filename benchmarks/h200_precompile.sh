@@ -39,6 +39,8 @@ for qg_config in "on --config $persistent_c1" "off --config $tile_w8"; do
   cov --io fp16 --beta fp16 --kv 256x64 --varlen dense,cu32 --qg "$qg" --config ref "$flag" "$config"
 done
 fused_bf16_128 --gate safe --beta bf16,fp32 --varlen dense --qg off "${configs[@]}"  # bench_forward rows
+cov --io bf16 --beta bf16 --kv 256 --varlen dense --qg off \
+  --config "persistent=true;ctas_per_sm=1;raster=head;loads_ahead=0;warps=8"  # the K = 256 row's 8-warp persistent
 fused_bf16_128 --gate safe --beta fp32 --varlen dense --qg on "${qg_configs[@]}"     # tests/test_gpu_fused.py
 fused_bf16_128 --gate safe --beta bf16 --varlen cu64 --qg off "${configs[@]}"
 fused_bf16_128 --gate safe --beta bf16 --varlen cu32 --qg on \

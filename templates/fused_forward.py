@@ -69,8 +69,8 @@ from kdajit.templates.tile_intra import (beta_row, intra_tile, load_rows, make_i
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_layout, make_akk_store_copy,
                                            make_l_load_copy, store_akk_rows, x00_layout, zero_rows_from)
 from kdajit.templates.tile_recompute import (VEC, RecomputeLayouts, gate_row, make_recompute_mma,
-                                             product_of_group, products_w_u, row_fragments, store_akk,
-                                             value_row)
+                                             pick_tensor, product_of_group, products_w_u, row_fragments,
+                                             store_akk, value_row)
 
 # 4 warps: the inverse, the gate rows and the W/U products are written for one group of 4 warps (all of
 # a 4-warp CTA; in an 8-warp CTA group 0 = warps 0-3 inverts and multiplies W, group 1 = warps 4-7
@@ -366,12 +366,18 @@ class FusedForward:
                                batch, head, row0, valid_rows, group_tidx)
         cute.arch.sync_threads()  # the A tile, Kp and Vp complete
         if cutlass.const_expr(recompute):
-            if first_group:
-                product_of_group(wu_mma, sA, sKp, sOutW, chunk_rows(mW, batch, head, row0, C), valid_rows,
-                                 group_tidx, GROUP_BARRIERS[0])
+            dW, dU = chunk_rows(mW, batch, head, row0, C), chunk_rows(mU, batch, head, row0, C)
+            if cutlass.const_expr(self.head_k == self.head_v):
+                # One copy of the product code for both groups (code size: docs/performance.md): K == V gives W and U
+                # the same layouts, so each group picks its B tile, staging tile, output rows and barrier at run time.
+                barrier = (cutlass.select_(first_group, GROUP_BARRIERS[0][0], GROUP_BARRIERS[1][0]), GROUP_THREADS)
+                product_of_group(wu_mma, sA, pick_tensor(first_group, sKp, sVp, 1024),
+                                 pick_tensor(first_group, sOutW, sOutU, 1024), pick_tensor(first_group, dW, dU, 16),
+                                 valid_rows, group_tidx, barrier)
+            elif first_group:
+                product_of_group(wu_mma, sA, sKp, sOutW, dW, valid_rows, group_tidx, GROUP_BARRIERS[0])
             else:
-                product_of_group(wu_mma, sA, sVp, sOutU, chunk_rows(mU, batch, head, row0, C), valid_rows,
-                                 group_tidx, GROUP_BARRIERS[1])
+                product_of_group(wu_mma, sA, sVp, sOutU, dU, valid_rows, group_tidx, GROUP_BARRIERS[1])
         if cutlass.const_expr(self.config.persistent):
             cute.arch.sync_threads()  # q's buffer holds the W staging tile until group 0 has stored it
 

@@ -167,6 +167,14 @@ def product_of_group(tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor,
             sOut, dOut, valid_rows, tidx, group)
 
 
+@cute.jit
+def pick_tensor(first: cutlass.Boolean, a: cute.Tensor, b: cute.Tensor, align: cutlass.Constexpr) -> cute.Tensor:
+    """`a` where `first` holds, else `b` (two tensors of one layout and memory space, bases `align`-byte aligned):
+    one tensor whose base is chosen at run time, so that one copy of the code that uses it serves both."""
+    base = cutlass.select_(first, a.iterator.toint(), b.iterator.toint())
+    return cute.make_tensor(cute.make_ptr(a.element_type, base, a.memspace, assumed_align=align), a.layout)
+
+
 def b_operand_copy(tiled_mma: cute.TiledMma, dtype) -> cute.TiledCopy:
     """ldmatrix (transposed) of the B operand tiles Kp, Vp."""
     return cute.make_tiled_copy_B(cute.make_copy_atom(warp.LdMatrix8x8x16bOp(True, 4), dtype), tiled_mma)
