@@ -7,8 +7,8 @@ Rows (K = V = 128, bf16 q/k/v, chunk 64, output_qg=False, FLA with safe_gate=Tru
 logsigmoid gates and safe_gate=False on both sides): B=2 T=8192 H=64 with bf16
 and fp32 beta; 32 packed sequences of lengths uniform in 1..4096 (seed 0), H=64; B=1 T=8192 H=32;
 B=8 T=2048 H=32; B=1 T=65536 H=8. The coverage rows (`--rows coverage`, not in `all`): B=2 T=8192 H=64 with
-fp16 q/k/v and beta, with K = V = 64 and 256 (bf16), and with grouped value heads (q, k with 16 heads, v, gk,
-beta and the outputs with 64). Every input set is larger than the H200's 50 MB
+fp16 q/k/v and beta, with K = V = 64 and 256 (bf16), with grouped value heads (q, k with 16 heads, v, gk,
+beta and the outputs with 64), and with chunk_size 32. Every input set is larger than the H200's 50 MB
 L2, so one set is timed without rotation. Per row: median time (triton.testing.do_bench: warm-up, then the
 median of >= 20 timed runs) of FLA, `forward` as a user calls it (no tuning record: the spec's untuned
 configuration of the fused kernel, or the standalone kernels where `forward` runs those), and the standalone route
@@ -32,22 +32,23 @@ from kdajit.keys import ForwardSpec, FusedConfig
 from kdajit.outputs import BETA_TORCH_DTYPES, IO_TORCH_DTYPES
 
 HBM_TBPS = 4.18  # measured copy bandwidth of the H200 (read + write bytes / time)
-# name: (B, T, H, beta, number of packed sequences or 0 for dense, q/k/v dtype, K = V, group); H counts the
-# value heads (v, gk, beta, the outputs), q and k have H // group (grouped value heads when group > 1).
+# name: (B, T, H, beta, number of packed sequences or 0 for dense, q/k/v dtype, K = V, group, chunk size); H counts
+# the value heads (v, gk, beta, the outputs), q and k have H // group (grouped value heads when group > 1).
 ROWS = {
-    "B2-T8192-H64-bf16": (2, 8192, 64, "bf16", 0, "bf16", 128, 1),
-    "B2-T8192-H64-fp32": (2, 8192, 64, "fp32", 0, "bf16", 128, 1),
-    "varlen32-H64": (1, None, 64, "bf16", 32, "bf16", 128, 1),
-    "B1-T8192-H32": (1, 8192, 32, "bf16", 0, "bf16", 128, 1),
-    "B8-T2048-H32": (8, 2048, 32, "bf16", 0, "bf16", 128, 1),
-    "B1-T65536-H8": (1, 65536, 8, "bf16", 0, "bf16", 128, 1),
-    "B2-T8192-H64-fp16": (2, 8192, 64, "fp16", 0, "fp16", 128, 1),
-    "B2-T8192-H64-K64": (2, 8192, 64, "bf16", 0, "bf16", 64, 1),
-    "B2-T8192-H64-K256": (2, 8192, 64, "bf16", 0, "bf16", 256, 1),
-    "B2-T8192-H16-HV64": (2, 8192, 64, "bf16", 0, "bf16", 128, 4),
+    "B2-T8192-H64-bf16": (2, 8192, 64, "bf16", 0, "bf16", 128, 1, 64),
+    "B2-T8192-H64-fp32": (2, 8192, 64, "fp32", 0, "bf16", 128, 1, 64),
+    "varlen32-H64": (1, None, 64, "bf16", 32, "bf16", 128, 1, 64),
+    "B1-T8192-H32": (1, 8192, 32, "bf16", 0, "bf16", 128, 1, 64),
+    "B8-T2048-H32": (8, 2048, 32, "bf16", 0, "bf16", 128, 1, 64),
+    "B1-T65536-H8": (1, 65536, 8, "bf16", 0, "bf16", 128, 1, 64),
+    "B2-T8192-H64-fp16": (2, 8192, 64, "fp16", 0, "fp16", 128, 1, 64),
+    "B2-T8192-H64-K64": (2, 8192, 64, "bf16", 0, "bf16", 64, 1, 64),
+    "B2-T8192-H64-K256": (2, 8192, 64, "bf16", 0, "bf16", 256, 1, 64),
+    "B2-T8192-H16-HV64": (2, 8192, 64, "bf16", 0, "bf16", 128, 4, 64),
+    "B2-T8192-H64-C32": (2, 8192, 64, "bf16", 0, "bf16", 128, 1, 32),
 }
 MAIN_ROWS = ("B2-T8192-H64-bf16", "B2-T8192-H64-fp32")
-COVERAGE_ROWS = ("B2-T8192-H64-fp16", "B2-T8192-H64-K64", "B2-T8192-H64-K256", "B2-T8192-H16-HV64")
+COVERAGE_ROWS = ("B2-T8192-H64-fp16", "B2-T8192-H64-K64", "B2-T8192-H64-K256", "B2-T8192-H16-HV64", "B2-T8192-H64-C32")
 
 
 def minimal_bytes(tokens: int, H: int, K: int, V: int, chunk: int, beta_bytes: int, group: int = 1) -> int:
@@ -80,7 +81,7 @@ def kernel_breakdown(fn) -> list[tuple[str, float]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
-def make_row_inputs(B, T, H, beta, sequences, io="bf16", K=128, group=1, safe_gate=True):
+def make_row_inputs(B, T, H, beta, sequences, io="bf16", K=128, group=1, safe_gate=True, chunk=64):
     beta_dtype = BETA_TORCH_DTYPES[beta]
     cu = None
     if sequences:
@@ -89,7 +90,8 @@ def make_row_inputs(B, T, H, beta, sequences, io="bf16", K=128, group=1, safe_ga
         cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32).cuda()
         B, T = 1, int(lengths.sum())
     x = reference.make_inputs(B, T, H // group, K, K, beta_dtype=beta_dtype, io_dtype=IO_TORCH_DTYPES[io],
-                              cu_seqlens=cu, value_heads=H, device="cuda", gate_scale=None if safe_gate else 1.0)
+                              cu_seqlens=cu, value_heads=H, device="cuda", gate_scale=None if safe_gate else 1.0,
+                              chunk_size=chunk)
     return x, cu, B * T
 
 
@@ -108,9 +110,9 @@ def standalone_route():
 
 
 def run_row(name: str, configs: str | None, safe_gate: bool = True) -> dict:
-    B, T, H, beta, sequences, io, K, group = ROWS[name]
-    x, cu, tokens = make_row_inputs(B, T, H, beta, sequences, io, K, group, safe_gate)
-    args = (x["q"], x["k"], x["v"], x["gk"], x["beta"], None, cu, 64, False, safe_gate, None)
+    B, T, H, beta, sequences, io, K, group, chunk = ROWS[name]
+    x, cu, tokens = make_row_inputs(B, T, H, beta, sequences, io, K, group, safe_gate, chunk)
+    args = (x["q"], x["k"], x["v"], x["gk"], x["beta"], None, cu, chunk, False, safe_gate, None)
 
     def fused(config=FusedConfig()):
         return lambda: api._forward(*args, fused_config=config)
@@ -119,14 +121,14 @@ def run_row(name: str, configs: str | None, safe_gate: bool = True) -> dict:
         return api._forward(*args)
 
     r = {"row": name, "B": B, "T": T, "H": H, "qk_heads": H // group, "K": K, "io": io, "tokens": tokens,
-         "sequences": sequences, "safe_gate": safe_gate,
+         "sequences": sequences, "safe_gate": safe_gate, "chunk": chunk,
          "beta": beta, "gpu": torch.cuda.get_device_name()}
     r["forward_ms"] = bench(forward_route)
     with standalone_route():
         r["standalone_ms"] = bench(forward_route)
         r["standalone_kernels"] = kernel_breakdown(forward_route)
     if configs:  # the configurations of the space that fit this specialization ("all" or the named ones)
-        spec = ForwardSpec(beta, "cu32" if sequences else "dense", K, K, 64, False, compiler.current_arch(), io,
+        spec = ForwardSpec(beta, "cu32" if sequences else "dense", K, K, chunk, False, compiler.current_arch(), io,
                            safe_gate)
         wanted = [c for c in tuner.candidates(spec)[0] if configs == "all" or c.slug() in configs.split(",")]
         r["configs_ms"] = {c.slug(): bench(fused(c)) for c in wanted}
@@ -135,10 +137,10 @@ def run_row(name: str, configs: str | None, safe_gate: bool = True) -> dict:
 
         scale = x["q"].shape[-1] ** -0.5
         r["fla_ms"] = bench(lambda: fla_intra(x["q"], x["k"], x["v"], x["gk"], x["beta"], scale, cu_seqlens=cu,
-                                              safe_gate=safe_gate))
+                                              chunk_size=chunk, safe_gate=safe_gate))
     except ImportError:
         r["fla_ms"] = None
-    nbytes = minimal_bytes(tokens, H, K, K, 64, x["beta"].element_size(), group)
+    nbytes = minimal_bytes(tokens, H, K, K, chunk, x["beta"].element_size(), group)
     r["floor_ms"] = nbytes / (HBM_TBPS * 1e12) * 1e3
     r["forward_floor_fraction"] = r["floor_ms"] / r["forward_ms"]
     r["forward_kernels"] = kernel_breakdown(forward_route)

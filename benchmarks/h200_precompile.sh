@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Cross-compile (CPU, no GPU needed) every kernel a benchmarks/h200_session.sh call needs, and pack them as
 # .gpu-cache/cpu.tar.xz (carry it with the call): every reference kernel of bf16 K = V = 128 for sm_90a, the
-# coverage tests' fp16, K = V = 64 / 256 and K != V kernels, the fused configuration space for the benchmark and
+# coverage tests' fp16, K = V = 64 / 256, K != V and chunk-32 kernels, the fused configuration space for the benchmark and
 # fused-test specializations, and the fused_phases variants.
 #   bash benchmarks/h200_precompile.sh          (~11 min on 2 cores; the tarball is stale once templates change)
 set -euo pipefail
@@ -19,7 +19,11 @@ for c in tuner.candidates(spec)[0][1:]:
 }
 configs=(); while read -r flag word; do configs+=("$flag" "$word"); done < <(config_words off)
 qg_configs=(); while read -r flag word; do qg_configs+=("$flag" "$word"); done < <(config_words on)
-precompile() { python -m kdajit precompile --cache-dir "$root" --arch sm_90a --no-progress "$@" | tail -1; }
+precompile_chunk() {  # precompile_chunk CHUNK ARGS...
+  local chunk=$1; shift
+  python -m kdajit precompile --cache-dir "$root" --arch sm_90a --no-progress --chunk "$chunk" "$@" | tail -1
+}
+precompile() { precompile_chunk 64 "$@"; }
 fused_bf16_128() { precompile --only fused_forward --io bf16 --kv 128 "$@"; }  # the fused configuration space
 cov() { precompile --gate safe "$@"; }  # the safe-gate coverage kernels (the any-gate ones are listed below)
 python benchmarks/fused_phases.py --export .gpu-cache/phases
@@ -37,6 +41,10 @@ for qg_config in "on --config $persistent_c1" "off --config $tile_w8"; do
   read -r qg flag config <<< "$qg_config"
   cov --io bf16 --beta bf16 --kv 64x128,128x64,64x256 --varlen dense,cu32 --qg "$qg" --config ref "$flag" "$config"
   cov --io fp16 --beta fp16 --kv 256x64 --varlen dense,cu32 --qg "$qg" --config ref "$flag" "$config"
+  # its chunk-32 cases on both gate paths (the bench's C32 row is the bf16 K = 128 dense one without QG)
+  precompile_chunk 32 --io bf16 --beta bf16 --kv 128,256x128 --varlen dense,cu32 --qg "$qg" --config ref "$flag" \
+    "$config"
+  precompile_chunk 32 --io fp16 --beta fp16 --kv 64 --varlen dense,cu32 --qg "$qg" --config ref "$flag" "$config"
 done
 fused_bf16_128 --gate safe --beta bf16,fp32 --varlen dense --qg off "${configs[@]}"  # bench_forward rows
 cov --io bf16 --beta bf16 --kv 256 --varlen dense --qg off \

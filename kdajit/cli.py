@@ -1,7 +1,7 @@
 """The `kdajit` command (also `python -m kdajit`): precompile, cache inspection, env, demo.
 
     kdajit precompile [--arch sm_90a,sm_100a] [--beta bf16,fp32] [--varlen dense,cu32,cu64] [--kv 128]
-                      [--chunk 64] [--qg off|on|both] [--only TEMPLATE,...] [--config warps=4] [-j N]
+                      [--chunk 32,64] [--qg off|on|both] [--only TEMPLATE,...] [--config warps=4] [-j N]
                       [--dry-run] [--json] [--cache-dir DIR]
     kdajit precompile --key KEY [--key KEY ...]
     kdajit tune --shape 2x8192x64 [--shape 64:1000,37,4096 ...] [--beta bf16,fp32] [--varlen cu32|cu64]

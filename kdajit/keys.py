@@ -21,7 +21,7 @@ IO_DTYPES = ("bf16", "fp16")
 # "dense": equal-length batch [B, T]; "cu32"/"cu64": packed sequences with int32/int64 cu_seqlens.
 VARLEN_MODES = ("dense", "cu32", "cu64")
 HEAD_DIMS = (64, 128, 256)  # K and V (any pair): each is a specialization of every template that reads it
-CHUNK_SIZES = (64,)
+CHUNK_SIZES = (32, 64)  # rows per chunk: each a specialization of every template
 # Base-address alignment (bytes) the kernels assume: the fake tensors' `assumed_align` in
 # templates/common.py `SymbolicShapes`. kdajit.validate checks exactly these before any launch.
 TILE_ALIGN = 16  # [B, T, H, D] tensors: q, k, v, gk, Akk, the L workspace and every output

@@ -51,7 +51,8 @@ triangle, and the last T in L's upper-left block once nothing reads it (template
 Code: steps 2-5 are the per-tile functions of templates/tile_inverse.py, shared with the fused
 kernel; this file holds the standalone launch and step 1 (the global L load).
 
-Constraints: chunk == 64, warps == 4. Portable (sm_80, sm_90a, sm_100a): plain loads and stores,
+Constraints: chunk 64 or 32 (two diagonal blocks, warps 0-1, then one merge level, S = 16), warps == 4.
+Portable (sm_80, sm_90a, sm_100a): plain loads and stores,
 CUDA-core FMAs only.
 """
 from __future__ import annotations
@@ -61,7 +62,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
-from kdajit.keys import AkkInverseKey
+from kdajit.keys import CHUNK_SIZES, AkkInverseKey
 from kdajit.templates.common import IO_TYPES, chunk_coords, fake_arguments, grid_shape, make_struct
 from kdajit.templates.tile_inverse import (NUM_WARPS, akk_tile_layout, invert_tile, l_tile_layout,
                                            make_akk_store_copy, make_l_load_copy, store_akk_rows,
@@ -96,7 +97,7 @@ class AkkInverse:
 
     @staticmethod
     def can_implement(key: AkkInverseKey) -> bool:
-        return key.chunk == 64 and key.config.warps == NUM_WARPS and key.io_dtype in IO_TYPES
+        return key.chunk in CHUNK_SIZES and key.config.warps == NUM_WARPS and key.io_dtype in IO_TYPES
 
     def fake_args(self) -> tuple:
         return fake_arguments(self.key)
@@ -104,8 +105,8 @@ class AkkInverse:
     @cute.jit
     def __call__(self, mL: cute.Tensor, mAkk: cute.Tensor, mCuSeqlens: cute.Tensor,
                  stream: cuda.CUstream):
-        self.kernel(mL, mAkk, mCuSeqlens, make_l_load_copy(self.num_threads),
-                    make_akk_store_copy(self.num_threads, self.io)).launch(
+        self.kernel(mL, mAkk, mCuSeqlens, make_l_load_copy(self.num_threads, self.chunk),
+                    make_akk_store_copy(self.num_threads, self.io, self.chunk)).launch(
             grid=grid_shape(mL, mCuSeqlens, self.chunk, self.varlen), block=(self.num_threads, 1, 1),
             stream=stream)
 

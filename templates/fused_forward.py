@@ -50,7 +50,7 @@ shared memory once the tile's loads have landed) right after the gate rows, so t
 while W and U are multiplied and stored. No buffer is added: a K = 256 tile that leaves no room
 for a second stage still works, it only overlaps less.
 Sizes are template parameters (chunk, head_k, head_v from the key); the device functions currently
-implement chunk 64 and K, V in keys.HEAD_DIMS (`can_implement`; K != V computes Vp in v's own rows and
+implement chunk 64 and 32 and K, V in keys.HEAD_DIMS (`can_implement`; K != V computes Vp in v's own rows and
 columns after the gate rows). At K = V = 64 a CTA needs 73,728 B (three fit an SM); at 256, 208,896 B (one).
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
-from kdajit.keys import (FUSED_ARCHS, FUSED_WARPS, HEAD_DIMS, LOADS_AHEAD, RASTER_ORDERS, VARLEN_MODES,
+from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, HEAD_DIMS, LOADS_AHEAD, RASTER_ORDERS, VARLEN_MODES,
                          FusedForwardKey)
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
                                     make_struct, qk_head, sync_group)
@@ -69,8 +69,8 @@ from kdajit.templates.tile_intra import (beta_row, intra_tile, load_rows, make_i
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_layout, make_akk_store_copy,
                                            make_l_load_copy, store_akk_rows, x00_layout, zero_rows_from)
 from kdajit.templates.tile_recompute import (VEC, RecomputeLayouts, gate_row, make_recompute_mma,
-                                             pick_tensor, product_of_group, products_w_u, row_fragments,
-                                             store_akk, value_row)
+                                             pick_tensor, product_of_group, product_threads, products_w_u,
+                                             row_fragments, store_akk, value_row)
 
 # 4 warps: the inverse, the gate rows and the W/U products are written for one group of 4 warps (all of
 # a 4-warp CTA; in an 8-warp CTA group 0 = warps 0-3 inverts and multiplies W, group 1 = warps 4-7
@@ -152,7 +152,7 @@ class FusedForward:
         if not isinstance(key, FusedForwardKey):
             return False
         cfg = key.config
-        fits = (key.chunk == 64 and key.head_k in HEAD_DIMS and key.head_v in HEAD_DIMS
+        fits = (key.chunk in CHUNK_SIZES and key.head_k in HEAD_DIMS and key.head_v in HEAD_DIMS
                 and key.beta_dtype in DTYPES and key.io_dtype in IO_TYPES and key.varlen in VARLEN_MODES
                 and key.arch in FUSED_ARCHS
                 and isinstance(key.output_qg, bool) and isinstance(key.safe_gate, bool))
@@ -190,9 +190,8 @@ class FusedForward:
         self.smem_struct, self.inverse_work, self.recompute_work = smem_struct, inverse_work, recompute_work
         self.kernel(mQ, mK, mV, mGk, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, scale,
                     tiles[0], make_intra_mma(), make_row_copy(self.io, self.head_k, self.num_threads),
-                    make_row_copy(f32, self.head_k, self.num_threads), make_l_load_copy(self.num_threads),
-                    make_akk_store_copy(GROUP_THREADS, self.io),
-                    make_recompute_mma(self.chunk, GROUP_THREADS, self.io),
+                    make_row_copy(f32, self.head_k, self.num_threads), make_l_load_copy(self.num_threads, self.chunk),
+                    make_akk_store_copy(GROUP_THREADS, self.io, self.chunk), make_recompute_mma(self.chunk, self.io),
                     layouts.akk, layouts.kp, layouts.vp, layouts.out_w, layouts.out_u).launch(
             grid=grid, block=(self.num_threads, 1, 1), stream=stream,
             min_blocks_per_mp=resident_ctas(self.key), preferred_smem_carveout=SMEM_CARVEOUT_MAX)
@@ -345,7 +344,7 @@ class FusedForward:
 
         if cutlass.const_expr("intra" in self.phases):
             intra_tile(intra_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, C), sL, warp_idx,
-                       lane, valid_rows, scale, warp_schedule(8, self.safe_gate), self.safe_gate)
+                       lane, valid_rows, scale, warp_schedule(8, self.safe_gate, C), self.safe_gate)
             zero_rows_from(l_copy, sL, tidx, valid_rows)
         cute.arch.sync_threads()  # L complete; q consumed (its buffer becomes Kp)
 
@@ -366,20 +365,37 @@ class FusedForward:
                                batch, head, row0, valid_rows, group_tidx)
         cute.arch.sync_threads()  # the A tile, Kp and Vp complete
         if cutlass.const_expr(recompute):
-            dW, dU = chunk_rows(mW, batch, head, row0, C), chunk_rows(mU, batch, head, row0, C)
-            if cutlass.const_expr(self.head_k == self.head_v):
-                # One copy of the product code for both groups (code size: docs/performance.md): K == V gives W and U
-                # the same layouts, so each group picks its B tile, staging tile, output rows and barrier at run time.
-                barrier = (cutlass.select_(first_group, GROUP_BARRIERS[0][0], GROUP_BARRIERS[1][0]), GROUP_THREADS)
-                product_of_group(wu_mma, sA, pick_tensor(first_group, sKp, sVp, 1024),
-                                 pick_tensor(first_group, sOutW, sOutU, 1024), pick_tensor(first_group, dW, dU, 16),
-                                 valid_rows, group_tidx, barrier)
-            elif first_group:
-                product_of_group(wu_mma, sA, sKp, sOutW, dW, valid_rows, group_tidx, GROUP_BARRIERS[0])
+            threads = product_threads(C)  # of each group: all 4 warps at chunk 64, warps 0-1 / 4-5 at 32
+            if cutlass.const_expr(threads == GROUP_THREADS):
+                self.group_products(tensors, smem, wu_mma, batch, head, row0, valid_rows, group_tidx, first_group)
             else:
-                product_of_group(wu_mma, sA, sVp, sOutU, dU, valid_rows, group_tidx, GROUP_BARRIERS[1])
+                if group_tidx < threads:
+                    self.group_products(tensors, smem, wu_mma, batch, head, row0, valid_rows, group_tidx,
+                                        first_group)
         if cutlass.const_expr(self.config.persistent):
             cute.arch.sync_threads()  # q's buffer holds the W staging tile until group 0 has stored it
+
+    @cute.jit
+    def group_products(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, wu_mma: cute.TiledMma,
+                       batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32, valid_rows: cutlass.Int32,
+                       group_tidx: cutlass.Int32, first_group: cutlass.Boolean):
+        """W by group 0's `product_threads`, U by group 1's, each group on its own named barrier."""
+        mW, mU = tensors[7], tensors[8]
+        sA, sKp, sVp, sOutW, sOutU = smem[7:]
+        C = self.chunk
+        threads = product_threads(C)
+        dW, dU = chunk_rows(mW, batch, head, row0, C), chunk_rows(mU, batch, head, row0, C)
+        if cutlass.const_expr(self.head_k == self.head_v):
+            # One copy of the product code for both groups (code size: docs/performance.md): K == V gives W and U
+            # the same layouts, so each group picks its B tile, staging tile, output rows and barrier at run time.
+            barrier = (cutlass.select_(first_group, GROUP_BARRIERS[0][0], GROUP_BARRIERS[1][0]), threads)
+            product_of_group(wu_mma, sA, pick_tensor(first_group, sKp, sVp, 1024),
+                             pick_tensor(first_group, sOutW, sOutU, 1024), pick_tensor(first_group, dW, dU, 16),
+                             valid_rows, group_tidx, barrier)
+        elif first_group:
+            product_of_group(wu_mma, sA, sKp, sOutW, dW, valid_rows, group_tidx, (GROUP_BARRIERS[0][0], threads))
+        else:
+            product_of_group(wu_mma, sA, sVp, sOutU, dU, valid_rows, group_tidx, (GROUP_BARRIERS[1][0], threads))
 
     @cute.jit
     def one_group_tile(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, ops: cutlass.Constexpr,
@@ -401,7 +417,7 @@ class FusedForward:
         # 2. Intra: Aqk -> global, L -> smem; L rows >= valid_rows := +0.
         if cutlass.const_expr("intra" in self.phases):
             intra_tile(intra_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, C), sL, warp_idx,
-                       lane, valid_rows, scale, warp_schedule(4, self.safe_gate), self.safe_gate)
+                       lane, valid_rows, scale, warp_schedule(4, self.safe_gate, C), self.safe_gate)
             zero_rows_from(l_copy, sL, tidx, valid_rows)
         cute.arch.sync_threads()
         if cutlass.const_expr(q_early):

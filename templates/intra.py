@@ -48,10 +48,10 @@ memory (Aqk 4-byte, L 8-byte vector stores).
 Code: the per-tile arithmetic (loads, block products, epilogue, block stores) is in
 templates/tile_intra.py, shared with the fused kernel; this file holds the standalone launch only.
 
-Constraints: head_k in keys.HEAD_DIMS, chunk = 64, 4 warps. Contiguous [B, T, H, D] tensors; varlen packs
-sequences on T with B = 1 (see templates/common.py for the grid and the chunk mapping). Grouped value
-heads: gk, beta and the outputs have HV heads, q and k H (HV a multiple of H); value head h reads q, k
-of head h // (HV / H).
+Constraints: head_k in keys.HEAD_DIMS, chunk 64 or 32 (blocks a, b in 0..1, WARP_GROUPS_32), 4 warps.
+Contiguous [B, T, H, D] tensors; varlen packs sequences on T with B = 1 (see templates/common.py for the
+grid and the chunk mapping). Grouped value heads: gk, beta and the outputs have HV heads, q and k H (HV a
+multiple of H); value head h reads q, k of head h // (HV / H).
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
-from kdajit.keys import ARCHS, HEAD_DIMS, VARLEN_MODES, IntraKey
+from kdajit.keys import ARCHS, CHUNK_SIZES, HEAD_DIMS, VARLEN_MODES, IntraKey
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
                                     make_struct, qk_head)
 from kdajit.templates.tile_intra import (NUM_WARPS, intra_tile, load_beta, load_rows, make_intra_mma,
@@ -99,7 +99,7 @@ class KdaIntra:
     @staticmethod
     def can_implement(key) -> bool:
         return (isinstance(key, IntraKey) and key.config.warps == NUM_WARPS and key.head_k in HEAD_DIMS
-                and key.chunk == 64 and key.beta_dtype in DTYPES and key.varlen in VARLEN_MODES
+                and key.chunk in CHUNK_SIZES and key.beta_dtype in DTYPES and key.varlen in VARLEN_MODES
                 and key.io_dtype in IO_TYPES and key.arch in ARCHS and isinstance(key.safe_gate, bool))
 
     def fake_args(self) -> tuple:
@@ -151,4 +151,4 @@ class KdaIntra:
 
             intra_tile(tiled_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, self.chunk),
                        chunk_rows(mL, batch, head, row0, self.chunk), warp_idx, lane, valid_rows, scale,
-                       warp_schedule(NUM_WARPS, self.safe_gate), self.safe_gate)
+                       warp_schedule(NUM_WARPS, self.safe_gate, self.chunk), self.safe_gate)

@@ -34,7 +34,7 @@ device functions of templates/tile_recompute.py (also used by the fused kernel);
 the standalone launch and the global-memory loads.
 
 Constraints: K, V in keys.HEAD_DIMS (K != V: Vp is staged after the gate rows, in v's own rows and
-columns, `stage_values`), chunk = 64, 4 warps. Shared memory at K = V = 128: 40,960 bytes
+columns, `stage_values`), chunk 64 or 32 (warps 0-1 multiply W while 2-3 multiply U), 4 warps. Shared memory at K = V = 128: 40,960 bytes
 (Akk 8 KiB, Kp and Vp 16 KiB each; the W / U staging tiles reuse Kp / Vp). No atomics, fixed arithmetic
 order: a chunk gives the same bits in dense and varlen mode and in any batch. Grouped value heads: the
 grid walks the HV value heads; k (and q) are read at head h // (HV / H).
@@ -46,7 +46,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
-from kdajit.keys import ARCHS, HEAD_DIMS, VARLEN_MODES, RecomputeWUKey
+from kdajit.keys import ARCHS, CHUNK_SIZES, HEAD_DIMS, VARLEN_MODES, RecomputeWUKey
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
                                     make_struct, qk_head)
 from kdajit.templates.tile_recompute import (NUM_WARPS, VEC, RecomputeLayouts, gate_row,
@@ -88,7 +88,7 @@ class RecomputeWU:
         return (isinstance(key, RecomputeWUKey)
                 and key.config.warps == NUM_WARPS
                 and key.head_k in HEAD_DIMS and key.head_v in HEAD_DIMS
-                and key.chunk == 64
+                and key.chunk in CHUNK_SIZES
                 and key.beta_dtype in DTYPES and key.io_dtype in IO_TYPES
                 and key.varlen in VARLEN_MODES
                 and key.arch in ARCHS
@@ -104,7 +104,7 @@ class RecomputeWU:
                  stream: cuda.CUstream):
         layouts = RecomputeLayouts(self.chunk, self.head_k, self.head_v)
         self.kernel(mK, mV, mBeta, mAkk, mGk, mQ, mW, mU, mKG, mQG, mCuSeqlens,
-                    make_recompute_mma(self.chunk, self.num_threads, self.io), layouts.akk, layouts.kp,
+                    make_recompute_mma(self.chunk, self.io), layouts.akk, layouts.kp,
                     layouts.vp, layouts.out_w, layouts.out_u).launch(
             grid=grid_shape(mGk, mCuSeqlens, self.chunk, self.varlen),
             block=(self.num_threads, 1, 1),

@@ -57,17 +57,28 @@ WARP_GROUPS_EXACT = (
     ((3, True, (3,)),),
 )
 EXACT_STEP = 4  # head-dim columns per shared load in `exact_diagonal` (16 bytes of g)
+# Chunk 32: three blocks, one per warp (either gate path); the 8-warp configurations leave warps 3-7 out.
+WARP_GROUPS_32 = (
+    ((1, False, (0,)),),
+    ((0, True, (0,)),),
+    ((1, True, (1,)),),
+    (),
+)
+WARP_GROUPS_32_8 = WARP_GROUPS_32 + ((),) * 4
 
 # Head-dimension steps per iteration of a block's mainloop, by schedule (the same operations in the same order
 # either way, so the same bits). Measured on the H200 (docs/performance.md, 2026-12-03): unrolled twice, the
 # 4-warp tile config is faster (1.16 against 1.20 ms); unrolled once, the 8-warp one is (1.05 against 1.31 ms),
 # with 10 KB less SASS per kernel.
-MAINLOOP_UNROLL = {WARP_GROUPS: 2, WARP_GROUPS_8: 1, WARP_GROUPS_EXACT: 2}
+MAINLOOP_UNROLL = {WARP_GROUPS: 2, WARP_GROUPS_8: 1, WARP_GROUPS_EXACT: 2, WARP_GROUPS_32: 2, WARP_GROUPS_32_8: 1}
 
 
-def warp_schedule(warps: int, safe_gate: bool) -> tuple:
-    """The intra blocks' warp schedule of a CTA with `warps` warps: WARP_GROUPS (4 warps, safe gate),
-    WARP_GROUPS_EXACT (4 warps, any gate) or WARP_GROUPS_8 (8 warps, either)."""
+def warp_schedule(warps: int, safe_gate: bool, chunk: int = 64) -> tuple:
+    """The intra blocks' warp schedule of a CTA with `warps` warps: at chunk 64 WARP_GROUPS (4 warps, safe
+    gate), WARP_GROUPS_EXACT (4 warps, any gate) or WARP_GROUPS_8 (8 warps, either); at chunk 32
+    WARP_GROUPS_32 (4 warps) or WARP_GROUPS_32_8 (8 warps), either gate."""
+    if chunk == 32:
+        return WARP_GROUPS_32_8 if warps == 8 else WARP_GROUPS_32
     if warps == 8:
         return WARP_GROUPS_8
     return WARP_GROUPS if safe_gate else WARP_GROUPS_EXACT

@@ -38,17 +38,19 @@ def x00_layout(chunk: int):
     return cute.make_layout((half, half), stride=(half, 1))
 
 
-def make_l_load_copy(num_threads: int) -> cute.TiledCopy:
-    """16-byte global loads of fp32 L rows: 16 threads x 4 values per 64-column row."""
+def make_l_load_copy(num_threads: int, chunk: int) -> cute.TiledCopy:
+    """16-byte global loads of fp32 L rows: chunk / 4 threads x 4 values per row."""
     atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), cutlass.Float32, num_bits_per_copy=128)
-    return cute.make_tiled_copy_tv(atom, cute.make_layout((num_threads // 16, 16), stride=(16, 1)),
+    per_row = chunk // 4
+    return cute.make_tiled_copy_tv(atom, cute.make_layout((num_threads // per_row, per_row), stride=(per_row, 1)),
                                    cute.make_layout((1, 4)))
 
 
-def make_akk_store_copy(num_threads: int, io) -> cute.TiledCopy:
-    """16-byte stores of Akk rows (`io`: bf16 or fp16): 8 threads x 8 values per 64-column row."""
+def make_akk_store_copy(num_threads: int, io, chunk: int) -> cute.TiledCopy:
+    """16-byte stores of Akk rows (`io`: bf16 or fp16): chunk / 8 threads x 8 values per row."""
     atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), io, num_bits_per_copy=128)
-    return cute.make_tiled_copy_tv(atom, cute.make_layout((num_threads // 8, 8), stride=(8, 1)),
+    per_row = chunk // 8
+    return cute.make_tiled_copy_tv(atom, cute.make_layout((num_threads // per_row, per_row), stride=(per_row, 1)),
                                    cute.make_layout((1, 8)))
 
 

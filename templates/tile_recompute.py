@@ -37,13 +37,16 @@ def swizzled_layout(shape: tuple, contiguous_mode: int, line: int):
     The lines run along `contiguous_mode`. Swizzle<3, 3, log2(line) - 3> XORs the 16-byte chunk
     index of an element (offset bits 3-5) with its line index mod 8, so the 8 lines of an atom hold
     a given chunk in 8 different bank groups: ldmatrix (plain or transposed), stores of MMA
-    accumulator fragments and 16-byte line accesses are all free of bank conflicts.
+    accumulator fragments and 16-byte line accesses are all free of bank conflicts. A 32-element
+    line (chunk 32's Akk tile) has 4 chunks, and two lines share a 128-byte bank row: Swizzle<2, 3, 3>
+    XORs the chunk index (bits 3-4) with the line index / 2 mod 4 (bits 6-7), the same guarantee.
     """
     if contiguous_mode == 1:
         outer = cute.make_layout((8, line), stride=(line, 1))
     else:
         outer = cute.make_layout((line, 8), stride=(1, line))
-    atom = cute.make_composed_layout(cute.make_swizzle(3, 3, line.bit_length() - 4), 0, outer)
+    swizzle = cute.make_swizzle(3, 3, line.bit_length() - 4) if line >= 64 else cute.make_swizzle(2, 3, 3)
+    atom = cute.make_composed_layout(swizzle, 0, outer)
     return cute.tile_to_shape(atom, shape, (0, 1))
 
 
@@ -58,11 +61,16 @@ class RecomputeLayouts:
         self.out_u = swizzled_layout((chunk, head_v), contiguous_mode=1, line=head_v)  # U staging
 
 
-def make_recompute_mma(chunk: int, num_threads: int, io) -> cute.TiledMma:
-    """mma.sync m16n8k16 on `io` (bf16 or fp16) operands with fp32 accumulate, warps along M (16 rows
-    each), N = 16 per step (ldmatrix.x4 feeds two n8)."""
+def product_threads(chunk: int) -> int:
+    """Threads that multiply one of W, U: one warp per 16 rows of the chunk (4 warps at 64, 2 at 32)."""
+    return 32 * (chunk // 16)
+
+
+def make_recompute_mma(chunk: int, io) -> cute.TiledMma:
+    """mma.sync m16n8k16 on `io` (bf16 or fp16) operands with fp32 accumulate, `product_threads(chunk)`
+    threads: warps along M (16 rows each), N = 16 per step (ldmatrix.x4 feeds two n8)."""
     mma_op = warp.MmaF16BF16Op(io, cutlass.Float32, (16, 8, 16))
-    return cute.make_tiled_mma(mma_op, cute.make_layout((num_threads // 32, 1, 1)),
+    return cute.make_tiled_mma(mma_op, cute.make_layout((product_threads(chunk) // 32, 1, 1)),
                                permutation_mnk=(chunk, 16, 16))
 
 
@@ -151,18 +159,28 @@ def load_akk_fragments(tiled_mma: cute.TiledMma, sA: cute.Tensor, tidx: cutlass.
 def products_w_u(tiled_mma: cute.TiledMma, sA: cute.Tensor, sKp: cute.Tensor, sVp: cute.Tensor,
                  sOutW: cute.Tensor, sOutU: cute.Tensor, dW: cute.Tensor, dU: cute.Tensor,
                  valid_rows: cutlass.Int32, tidx: cutlass.Int32):
-    """W = Akk @ Kp, then U = Akk @ Vp (sOutW/sOutU alias sKp/sVp); the caller synchronizes before."""
-    tCrA = load_akk_fragments(tiled_mma, sA, tidx)
-    s2r_B = b_operand_copy(tiled_mma, sKp.element_type)
-    product(tiled_mma, s2r_B, tCrA, sKp, sOutW, dW, valid_rows, tidx)
-    product(tiled_mma, s2r_B, tCrA, sVp, sOutU, dU, valid_rows, tidx)
+    """W = Akk @ Kp, then U = Akk @ Vp (sOutW/sOutU alias sKp/sVp) by 4 warps; the caller synchronizes
+    before. At chunk 32 (two warps per product) warps 0-1 multiply W while warps 2-3 multiply U, each pair
+    on its own named barrier."""
+    threads = product_threads(cute.size(sA, mode=[0]))
+    if cutlass.const_expr(threads == NUM_WARPS * 32):
+        tCrA = load_akk_fragments(tiled_mma, sA, tidx)
+        s2r_B = b_operand_copy(tiled_mma, sKp.element_type)
+        product(tiled_mma, s2r_B, tCrA, sKp, sOutW, dW, valid_rows, tidx)
+        product(tiled_mma, s2r_B, tCrA, sVp, sOutU, dU, valid_rows, tidx)
+    else:
+        if tidx < threads:
+            product_of_group(tiled_mma, sA, sKp, sOutW, dW, valid_rows, tidx, (1, threads))
+        else:
+            product_of_group(tiled_mma, sA, sVp, sOutU, dU, valid_rows, tidx - threads, (2, threads))
 
 
 @cute.jit
 def product_of_group(tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor, sOut: cute.Tensor,
                      dOut: cute.Tensor, valid_rows: cutlass.Int32, tidx: cutlass.Int32, group: cutlass.Constexpr):
-    """One of W = Akk @ Kp, U = Akk @ Vp by one group of 4 warps (`tidx` its thread index 0..127, `group`
-    its named barrier) while another group computes the other: the same `product` as `products_w_u`."""
+    """One of W = Akk @ Kp, U = Akk @ Vp by one group of `product_threads` threads (`tidx` its thread index in
+    the group, `group` its named barrier) while another group computes the other: the same `product` as
+    `products_w_u`."""
     product(tiled_mma, b_operand_copy(tiled_mma, sB.element_type), load_akk_fragments(tiled_mma, sA, tidx), sB,
             sOut, dOut, valid_rows, tidx, group)
 

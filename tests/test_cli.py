@@ -284,22 +284,22 @@ def test_precompile_expands_and_dedups_the_cross_product(tmp_path, capsys):
         return sorted(k["template"] for k in doc["keys"])
 
     everything = templates()
-    # sm_90a: the three standalone templates plus the fused kernel of each specialization: 2 io dtypes x
-    # 3 varlen modes for the inverse; x 3 beta dtypes x 3 head sizes for intra; x 2 QG for the others; intra and
-    # the fused kernel once per gate path (safe and any: --gate both, the default), the fused kernel also in its
-    # untuned configuration where it is not the reference (K = 128 and 256 without QG).
-    inverse, intra = 2 * 3, 2 * 3 * 3 * 3
+    # sm_90a: the three standalone templates plus the fused kernel of each specialization: 2 chunk sizes x
+    # 2 io dtypes x 3 varlen modes for the inverse; x 3 beta dtypes x 3 head sizes for intra; x 2 QG for the others;
+    # intra and the fused kernel once per gate path (safe and any: --gate both, the default), the fused kernel also
+    # in its untuned configuration where it is not the reference (K = 128 and 256 without QG).
+    inverse, intra = 2 * 2 * 3, 2 * 2 * 3 * 3 * 3
     untuned = 2 * intra // 3
     assert [everything.count(t) for t in ("akk_inverse", "intra", "recompute_wu", "fused_forward")] == [
         inverse, 2 * intra, 2 * intra, 2 * (2 * intra + untuned)]
     assert len(templates("--qg", "off")) == inverse + 5 * intra + 2 * untuned
     assert len(templates("--qg", "off", "--config", "ref", "--gate", "safe")) == inverse + 3 * intra
-    one_spec = ("--beta", "bf16", "--varlen", "dense", "--qg", "on", "--kv", "128x128", "--io", "bf16")
+    one_spec = ("--beta", "bf16", "--varlen", "dense", "--qg", "on", "--kv", "128x128", "--io", "bf16", "--chunk", "64")
     assert templates(*one_spec, "--gate", "safe") == ["akk_inverse", "fused_forward", "intra", "recompute_wu"]
     assert templates(*one_spec, "--gate", "any") == ["akk_inverse", "fused_forward", "intra", "recompute_wu"]
     assert len(templates(*one_spec)) == 6
     # K != V: the kernels that read v are new; intra (K only) and the inverse are those of K = V = 64
-    unequal = ("--beta", "bf16", "--varlen", "dense", "--qg", "on", "--io", "bf16", "--gate", "safe")
+    unequal = ("--beta", "bf16", "--varlen", "dense", "--qg", "on", "--io", "bf16", "--gate", "safe", "--chunk", "32")
     assert templates(*unequal, "--kv", "64x256") == ["akk_inverse", "fused_forward", "intra", "recompute_wu"]
     assert templates(*unequal, "--kv", "64,64x256") == ["akk_inverse", "fused_forward", "fused_forward", "intra",
                                                         "recompute_wu", "recompute_wu"]
@@ -417,8 +417,8 @@ def test_missing_roots_are_reported_not_listed_as_empty(tmp_path, capsys):
 
 
 def test_why_an_unsupported_key_prints_no_failing_fix(copy, capsys):
-    rc, out, _ = kd(capsys, "cache", "why", "akk_inverse.varlen-dense.chunk-32@sm_90a", "--cache-dir", copy)
-    assert rc == 1 and "unsupported: akk_inverse: chunk=32 is not supported" in out and "fix:" not in out
+    rc, out, _ = kd(capsys, "cache", "why", "akk_inverse.varlen-dense.chunk-128@sm_90a", "--cache-dir", copy)
+    assert rc == 1 and "unsupported: akk_inverse: chunk=128 is not supported" in out and "fix:" not in out
     doc = kd_json(capsys, "cache", "why", "akk_inverse.varlen-dense.chunk-64@sm_90a", "--config", "warps=3",
                   "--cache-dir", copy, rc=1)
     assert doc["status"] == "unsupported" and "fix" not in doc

@@ -58,7 +58,7 @@ def test_accepts_any_gate_and_routes_it_to_the_any_gate_path(inputs, any_device)
     ({"lower_bound": "steep"}, "lower_bound='steep'"),
     ({"fla_version": "0.7.0"}, "0.7.0"),
     ({"new_flag": True}, "new_flag"),
-    ({"chunk_size": 32}, "chunk_size"),
+    ({"chunk_size": 128}, "chunk_size"),
     ({"scale": float("inf")}, "scale"),
 ])
 def test_declines_with_a_reason(inputs, any_device, overrides, words):

@@ -33,8 +33,8 @@ def assert_rows_equal(a, b, rows_a: slice, rows_b: slice, kg_rows: int, what: st
                                  f"[batch, row, head, col] {bad[0].tolist()}")
 
 
-def complete_chunk_rows(rows: int) -> int:
-    return rows // 64 * 64
+def complete_chunk_rows(rows: int, chunk: int = 64) -> int:
+    return rows // chunk * chunk
 
 
 @pytest.mark.parametrize("offset", OFFSETS)

@@ -121,3 +121,75 @@ def test_grouped_accuracy_within_contract_factor_of_fla(seed, io, K, H, group):
     out = run(x, cu)
     ref = reference.forward_reference(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=True)
     assert_within_fla_factor(fla_intra, x, cu, out, ref, what=f"grouped {io} K={K} H={H} HV={H * group}:")
+
+
+# chunk_size 32: (io dtype, K, V), beta in the io dtype; every promise of chunk 64, checked at 32.
+CHUNK32 = [("bf16", 128, 128), ("fp16", 64, 64), ("bf16", 256, 128)]
+CHUNK32_IDS = [f"{io}-K{K}" + (f"-V{V}" if V != K else "") + "-C32" for io, K, V in CHUNK32]
+
+
+def chunk32_inputs(io, K, V, varlen, **gate):
+    dtype = IO_TORCH_DTYPES[io]
+    common = dict(beta_dtype=dtype, io_dtype=dtype, chunk_size=32, device="cuda", **gate)
+    if varlen:
+        cu = torch.tensor([0] + VARLEN_LENGTHS, device="cuda").cumsum(0).to(torch.int32)
+        return reference.make_inputs(1, sum(VARLEN_LENGTHS), 3, K, V, cu_seqlens=cu, **common), cu
+    return reference.make_inputs(2, 300, 3, K, V, **common), None
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+@pytest.mark.parametrize("io, K, V", CHUNK32, ids=CHUNK32_IDS)
+def test_chunk32_accuracy_against_fp64_and_exact_structure(seed, io, K, V, varlen):
+    x, cu, out, ref = accuracy_case(io, varlen, io, K, V, chunk=32)
+    assert out.Aqk.shape[-1] == out.Akk.shape[-1] == 32
+    assert_fp64_accuracy_and_exact_structure(x, cu, out, ref)
+
+
+@pytest.mark.skipif(not _arch_has_fused(), reason="this GPU's arch has no fused kernel")
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+@pytest.mark.parametrize("io, K, V", CHUNK32, ids=CHUNK32_IDS)
+def test_chunk32_fused_configs_equal_standalone(seed, io, K, V, varlen):
+    x, cu = chunk32_inputs(io, K, V, varlen)
+    expected = standalone(x, cu, True, chunk=32)
+    for config in (FusedConfig(), PERSISTENT):
+        assert_bitwise(expected, fused(x, cu, True, config, chunk=32), f"{io} K={K} V={V} chunk 32: {config.slug()}")
+    assert_bitwise(standalone(x, cu, False, chunk=32), fused(x, cu, False, EIGHT_WARPS, chunk=32),
+                   f"{io} K={K} V={V} chunk 32, no QG: {EIGHT_WARPS.slug()}")
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+@pytest.mark.parametrize("io, K, V", CHUNK32, ids=CHUNK32_IDS)
+def test_chunk32_any_gate(seed, io, K, V, varlen):
+    """The any-gate path at chunk 32 (logsigmoid x 10 gates, a fifth of them exactly 0): finite, within the fp64
+    rule, and the same bits in every route and configuration."""
+    x, cu = chunk32_inputs(io, K, V, varlen, gate_scale=10.0, gate_zeros=0.2)
+    out = run(x, cu, chunk=32, safe_gate=False)
+    ref = reference.forward_reference(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, chunk_size=32,
+                                      output_qg=True)
+    assert_fp64_accuracy_and_exact_structure(x, cu, out, ref)
+    expected = standalone(x, cu, True, safe_gate=False, chunk=32)
+    assert_bitwise(expected, out, "any gate, chunk 32: forward vs the standalone route")
+    if _arch_has_fused():
+        assert_bitwise(expected, fused(x, cu, True, PERSISTENT, safe_gate=False, chunk=32),
+                       f"any gate, chunk 32: {PERSISTENT.slug()}")
+        assert_bitwise(standalone(x, cu, False, safe_gate=False, chunk=32),
+                       fused(x, cu, False, EIGHT_WARPS, safe_gate=False, chunk=32), f"any gate, chunk 32: tile-w8")
+
+
+@pytest.mark.parametrize("offset", [1, 17, 31])
+@pytest.mark.parametrize("io, K, V", CHUNK32, ids=CHUNK32_IDS)
+def test_chunk32_appending_tokens_keeps_earlier_rows(seed, io, K, V, offset):
+    prefix = 32 + offset
+    x, _ = chunk32_inputs(io, K, V, False)
+    longer = run(x, chunk=32)
+    shorter = run({n: x[n][:, :prefix].contiguous() for n in INPUTS}, chunk=32)
+    assert_rows_equal(longer, shorter, slice(0, prefix), slice(0, prefix), complete_chunk_rows(prefix, 32),
+                      f"{io} K={K} V={V} chunk 32: prefix of {prefix} tokens vs the same tokens followed by more")
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+@pytest.mark.parametrize("io, K, V", CHUNK32, ids=CHUNK32_IDS)
+def test_chunk32_accuracy_within_contract_factor_of_fla(seed, io, K, V, varlen):
+    fla_intra = fla_intra_or_skip()
+    assert_within_fla_factor(fla_intra, *accuracy_case(io, varlen, io, K, V, chunk=32),
+                             what=f"{io} K={K} V={V} chunk 32:")

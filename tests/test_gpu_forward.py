@@ -42,10 +42,11 @@ def poisoned_out(B, T, H, K=128, V=128, chunk=64, qg=True, dtype=torch.bfloat16)
                                 nan(B, T, H, K), nan(B, T, H, K) if qg else None)
 
 
-def run(x, cu=None, output_qg=True):
+def run(x, cu=None, output_qg=True, chunk=64, safe_gate=True):
     B, T, H, K = x["gk"].shape  # H: the value heads (grouped value heads: a multiple of q's)
-    out = poisoned_out(B, T, H, K, x["v"].shape[-1], qg=output_qg, dtype=x["q"].dtype)
-    res = kdajit.forward(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=output_qg, out=out)
+    out = poisoned_out(B, T, H, K, x["v"].shape[-1], chunk, qg=output_qg, dtype=x["q"].dtype)
+    res = kdajit.forward(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, chunk_size=chunk,
+                         output_qg=output_qg, safe_gate=safe_gate, out=out)
     torch.cuda.synchronize()
     assert_written(res)
     return res
@@ -91,9 +92,10 @@ def fla_intra_or_skip():
 def fla_errors(fla_intra, x, ref, cu):
     """FLA's relative errors against the fp64 reference on the same inputs."""
     scale = x["q"].shape[-1] ** -0.5
+    chunk = ref.Aqk.shape[-1]
     w, u, qg, kg, Aqk, Akk = fla_intra(x["q"], x["k"], x["v"], x["gk"], x["beta"], scale, cu_seqlens=cu,
-                                       safe_gate=True, disable_recompute=True)
-    upper = chunk_upper_mask(x["q"].shape[1], cu)
+                                       chunk_size=chunk, safe_gate=True, disable_recompute=True)
+    upper = chunk_upper_mask(x["q"].shape[1], cu, chunk)
     errs = {"w": reference.relative_error(w, ref.w), "u": reference.relative_error(u, ref.u),
             "kg": reference.relative_error(kg, ref.kg), "qg": reference.relative_error(qg, ref.qg),
             # FLA leaves Aqk's strictly-upper 16x16 blocks unwritten: compare the lower triangle only.
@@ -102,25 +104,25 @@ def fla_errors(fla_intra, x, ref, cu):
     return errs
 
 
-def chunk_positions(T, cu=None):
+def chunk_positions(T, cu=None, chunk=64):
     """Each token's row inside its chunk (chunks restart at every sequence start)."""
     t = torch.arange(T, device="cuda")
     if cu is None:
-        return t % 64
+        return t % chunk
     starts = cu.long()[torch.searchsorted(cu.long(), t, right=True) - 1]
-    return (t - starts) % 64
+    return (t - starts) % chunk
 
 
-def chunk_upper_mask(T, cu=None):
-    """[T, 64] bool: True where the column lies above the token's diagonal."""
-    return torch.arange(64, device="cuda")[None, :] > chunk_positions(T, cu)[:, None]
+def chunk_upper_mask(T, cu=None, chunk=64):
+    """[T, chunk] bool: True where the column lies above the token's diagonal."""
+    return torch.arange(chunk, device="cuda")[None, :] > chunk_positions(T, cu, chunk)[:, None]
 
 
-def accuracy_case(beta, varlen, io="bf16", K=128, V=None):
+def accuracy_case(beta, varlen, io="bf16", K=128, V=None, chunk=64):
     """(inputs, cu_seqlens, kdajit's outputs, fp64 reference) of the accuracy tests; `io` is the dtype of
-    q, k, v, K their head size and V v's (default K)."""
+    q, k, v, K their head size, V v's (default K) and `chunk` the chunk size."""
     V = K if V is None else V
-    dtypes = dict(beta_dtype=BETA_TORCH_DTYPES[beta], io_dtype=IO_TORCH_DTYPES[io])
+    dtypes = dict(beta_dtype=BETA_TORCH_DTYPES[beta], io_dtype=IO_TORCH_DTYPES[io], chunk_size=chunk)
     if varlen:
         lengths = [1, 63, 64, 65, 127, 700, 1000]
         cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
@@ -128,8 +130,9 @@ def accuracy_case(beta, varlen, io="bf16", K=128, V=None):
     else:
         cu = None
         x = reference.make_inputs(2, 1024, 4, K, V, device="cuda", **dtypes)
-    out = run(x, cu)
-    ref = reference.forward_reference(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=True)
+    out = run(x, cu, chunk=chunk)
+    ref = reference.forward_reference(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, chunk_size=chunk,
+                                      output_qg=True)
     return x, cu, out, ref
 
 
@@ -144,9 +147,9 @@ def assert_fp64_accuracy_and_exact_structure(x, cu, out, ref):
     for name in OUTPUTS:
         err = reference.relative_error(getattr(out, name), getattr(ref, name))
         assert err < 1e-2, f"{name}: relative error {err:.3e} against fp64"
-    T = x["q"].shape[1]
-    upper = chunk_upper_mask(T, cu)[None, :, None, :].expand_as(out.Aqk)
-    diag = (torch.arange(64, device="cuda")[None, :] == chunk_positions(T, cu)[:, None])[None, :, None, :]
+    T, chunk = x["q"].shape[1], out.Aqk.shape[-1]
+    upper = chunk_upper_mask(T, cu, chunk)[None, :, None, :].expand_as(out.Aqk)
+    diag = (torch.arange(chunk, device="cuda")[None, :] == chunk_positions(T, cu, chunk)[:, None])[None, :, None, :]
     diag = diag.expand_as(out.Akk)
     assert (out.Aqk[upper] == 0).all() and (out.Akk[upper] == 0).all()
     assert (out.Akk[diag] == 1).all()

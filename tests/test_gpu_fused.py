@@ -30,25 +30,26 @@ pytestmark = [pytest.mark.gpu,
 CONFIGS = FUSED_CONFIG_SPACE
 
 
-def poisoned(x, output_qg):
+def poisoned(x, output_qg, chunk=64):
     B, T, H, K = x["gk"].shape  # H: the value heads (grouped value heads: a multiple of q's)
-    return poisoned_out(B, T, H, K, x["v"].shape[-1], qg=output_qg, dtype=x["q"].dtype)
+    return poisoned_out(B, T, H, K, x["v"].shape[-1], chunk, qg=output_qg, dtype=x["q"].dtype)
 
 
-def fused(x, cu, output_qg, config, safe_gate=True):
+def fused(x, cu, output_qg, config, safe_gate=True, chunk=64):
     """forward into NaN-poisoned outputs, the fused kernel in `config` (None: forward's own choice of route)."""
-    out = api._forward(x["q"], x["k"], x["v"], x["gk"], x["beta"], None, cu, 64, output_qg, safe_gate,
-                       poisoned(x, output_qg), fused_config=config)
+    out = api._forward(x["q"], x["k"], x["v"], x["gk"], x["beta"], None, cu, chunk, output_qg, safe_gate,
+                       poisoned(x, output_qg, chunk), fused_config=config)
     torch.cuda.synchronize()
     assert_written(out, f"fused {config}")
     return out
 
 
-def standalone(x, cu, output_qg, safe_gate=True):
-    out = poisoned(x, output_qg)
-    _, Akk = kdajit.intra(x["q"], x["k"], x["gk"], x["beta"], cu_seqlens=cu, safe_gate=safe_gate, out=out)
-    kdajit.recompute_w_u(x["k"], x["v"], x["beta"], Akk, x["gk"], cu_seqlens=cu, q=x["q"] if output_qg else None,
-                         out=out)
+def standalone(x, cu, output_qg, safe_gate=True, chunk=64):
+    out = poisoned(x, output_qg, chunk)
+    _, Akk = kdajit.intra(x["q"], x["k"], x["gk"], x["beta"], cu_seqlens=cu, chunk_size=chunk, safe_gate=safe_gate,
+                          out=out)
+    kdajit.recompute_w_u(x["k"], x["v"], x["beta"], Akk, x["gk"], cu_seqlens=cu, chunk_size=chunk,
+                         q=x["q"] if output_qg else None, out=out)
     torch.cuda.synchronize()
     assert_written(out, "standalone")
     return out

@@ -114,7 +114,7 @@ CASES = [
     ("K=96", dict(q=torch.zeros(B, T, H, 96, dtype=bf16)), NotImplementedError, ["K", "96", "[64, 128, 256]"]),
     ("K=256 with k of K=128", dict(q=torch.zeros(B, T, H, 256, dtype=bf16)), ValueError, ["k", "[1, 130, 2, 256]"]),
     ("V=96", dict(v=torch.zeros(B, T, H, 96, dtype=bf16)), NotImplementedError, ["V", "96", "[64, 128, 256]"]),
-    ("chunk 128", dict(chunk_size=128), NotImplementedError, ["chunk_size", "128", "[64]"]),
+    ("chunk 128", dict(chunk_size=128), NotImplementedError, ["chunk_size", "128", "[32, 64]"]),
     ("chunk 64.0", dict(chunk_size=64.0), TypeError, ["chunk_size", "Python int", "float"]),
     ("chunk True", dict(chunk_size=True), TypeError, ["chunk_size", "bool"]),
     ("gate path not a bool", dict(safe_gate=None), TypeError, ["safe_gate=None", "bool", "-5"]),

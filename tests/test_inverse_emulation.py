@@ -26,7 +26,7 @@ from kdajit import compiler, reference
 compiler._cute()  # CuTe DSL with the arch pinned, before the template module imports it
 from kdajit.templates import tile_inverse  # noqa: E402
 
-C = 64
+CHUNKS = (64, 32)
 THREADS = 32 * tile_inverse.NUM_WARPS
 
 
@@ -123,7 +123,8 @@ def emulated_device(barrier: threading.Barrier, state: threading.local):
 
 
 def invert(L: np.ndarray) -> tuple[np.ndarray, list]:
-    """invert_tile on an fp32 L tile: (X in fp32, the access conflicts found)."""
+    """invert_tile on an fp32 L tile (C x C, C the chunk size): (X in fp32, the access conflicts found)."""
+    C = L.shape[0]
     state, lock, conflicts = threading.local(), threading.Lock(), []
     sL = SharedTile("sL", L.astype(np.float32).copy(), state, conflicts, lock)
     sX = SharedTile("sX", np.full((C, C), np.nan, np.float32), state, conflicts, lock)
@@ -150,9 +151,10 @@ def invert(L: np.ndarray) -> tuple[np.ndarray, list]:
     return sX.values, conflicts
 
 
-def l_tile(seed: int) -> np.ndarray:
-    """A strictly lower L tile of realistic inputs: L[i, j] = beta_i sum_d k_id k_jd 2^(g_id - g_jd), in fp64."""
-    x = reference.make_inputs(1, C, 1, 128, 128, generator=torch.Generator().manual_seed(seed), lower_bound=-5.0)
+def l_tile(seed: int, C: int) -> np.ndarray:
+    """A strictly lower C x C L tile of realistic inputs: L[i, j] = beta_i sum_d k_id k_jd 2^(g_id - g_jd), in fp64."""
+    x = reference.make_inputs(1, C, 1, 128, 128, generator=torch.Generator().manual_seed(seed), lower_bound=-5.0,
+                              chunk_size=C)
     k, g, beta = (x[n].double()[0, :, 0] for n in ("k", "gk", "beta"))
     L = beta[:, None] * ((k * torch.exp2(g)) @ (k * torch.exp2(-g)).T)
     return torch.tril(L, -1).float().numpy()
@@ -162,9 +164,9 @@ def bits(x: np.ndarray) -> np.ndarray:
     return x.view(np.uint32)
 
 
-@pytest.mark.parametrize("seed", [0])
-def test_inverse_accurate_exact_structure_and_race_free(seed):
-    L = l_tile(seed)
+@pytest.mark.parametrize("C", CHUNKS)
+def test_inverse_accurate_exact_structure_and_race_free(C):
+    L = l_tile(0, C)
     X, conflicts = invert(L)
     assert conflicts == [], f"elements shared between threads within one barrier interval: {conflicts[:5]}"
     ref = np.linalg.inv(np.eye(C) + L.astype(np.float64))
@@ -175,10 +177,12 @@ def test_inverse_accurate_exact_structure_and_race_free(seed):
     assert np.all(np.diag(X) == 1.0)
 
 
-def test_inverse_rows_depend_on_earlier_rows_only():
-    L = l_tile(2)
+@pytest.mark.parametrize("C", CHUNKS)
+def test_inverse_rows_depend_on_earlier_rows_only(C):
+    L = l_tile(2, C)
     full, _ = invert(L)
-    for v in (1, 15, 17, 32, 47, 63):  # each step and block boundary: diagonal block, S = 16, S = 32
+    # each step and block boundary: diagonal block, S = 16, S = 32 (chunk 64)
+    for v in [v for v in (1, 15, 17, 32, 47, 63) if v < C] + ([31] if C == 32 else []):
         zeroed = L.copy()
         zeroed[v:] = 0  # what a chunk with v valid rows leaves in shared memory
         X, _ = invert(zeroed)
