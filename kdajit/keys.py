@@ -93,9 +93,10 @@ FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
     FusedConfig(True, ctas, raster, ahead) for ahead in LOADS_AHEAD for ctas in (1, 2) for raster in RASTER_ORDERS
 ) + (FusedConfig(warps=8),) + tuple(FusedConfig(True, ctas, "head", 0, 8) for ctas in (1, 2))
 # What `kdajit.forward` runs on the fused archs where no tuning record applies (KDAJIT_AUTOTUNE=off, or no record
-# for the call's workload), by (head_k, output_qg); K != V follows its K's entry (not measured apart): the fused
-# kernel in the fastest configuration measured on the H200, or None for the standalone kernels where they measured
-# faster than every fused configuration; the reference configuration elsewhere. Measured at B=2 T=8192 H=64, bf16 (docs/performance.md, 2026-12-03): K = 128
+# for the call's workload), by (chunk, head_k, output_qg); K != V follows its K's entry (not measured apart): the
+# fused kernel in the fastest configuration measured on the H200, or None for the standalone kernels where they
+# measured faster than every fused configuration; the reference configuration elsewhere (chunk 32, 2026-12-04: the
+# reference 0.676 ms against tile-w8's 1.054 at K = 128 without QG). Measured at B=2 T=8192 H=64, bf16 (docs/performance.md, 2026-12-03): K = 128
 # without QG, tile-w8 1.01 ms against the reference's 1.20; K = 256 without QG, tile-w8 2.52 against the
 # standalone kernels' 2.69 (the reference 2.97); K = 256 with QG (no 8-warp build there), the reference 2.97
 # against the standalone 2.69. Every configuration and route gives the same bits, so this choice is speed only.
@@ -103,7 +104,8 @@ FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
 # reference's 1.57 (2026-12-04). compute-sanitizer's racecheck reports hazards in the 8-warp configurations; a
 # minimal kernel with the same barrier pattern shows that report is the tool's (docs/reliability.md,
 # benchmarks/racecheck_probe.py).
-UNTUNED_FUSED_CONFIGS = {(128, False): FusedConfig(warps=8), (256, False): FusedConfig(warps=8), (256, True): None}
+UNTUNED_FUSED_CONFIGS = {(64, 128, False): FusedConfig(warps=8), (64, 256, False): FusedConfig(warps=8),
+                         (64, 256, True): None}
 
 
 @dataclass(frozen=True)
@@ -322,7 +324,7 @@ class ForwardSpec:
     def untuned_fused_config(self) -> FusedConfig | None:
         """The fused configuration `kdajit.forward` runs for this spec without a tuning record, or None where it
         runs the standalone kernels (UNTUNED_FUSED_CONFIGS)."""
-        return UNTUNED_FUSED_CONFIGS.get((self.head_k, self.output_qg), FusedConfig())
+        return UNTUNED_FUSED_CONFIGS.get((self.chunk, self.head_k, self.output_qg), FusedConfig())
 
     def kernel_keys(self) -> tuple[_KernelKey, ...]:
         """The keys of every kernel the API runs for this spec without a tuning record: the standalone

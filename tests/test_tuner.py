@@ -497,7 +497,8 @@ def test_untuned_configuration_is_8_warps_only_where_measured_faster():
     assert SPEC.fused_key(UNTUNED) in SPEC.kernel_keys() and SPEC.fused_key(REF) in SPEC.kernel_keys()
     k64, k256 = (dataclasses.replace(SPEC, head_k=n, head_v=n) for n in (64, 256))
     expected = {VARLEN_SPEC: REF, k64: REF, dataclasses.replace(k64, output_qg=True): REF,  # QG: no 8-warp build
-                k256: UNTUNED, dataclasses.replace(k256, output_qg=True): None}  # None: the standalone kernels
+                k256: UNTUNED, dataclasses.replace(k256, output_qg=True): None,  # None: the standalone kernels
+                dataclasses.replace(SPEC, chunk=32): REF}  # chunk 32: the reference measured faster
     for spec, config in expected.items():
         assert spec.untuned_fused_config == config, spec
         fused = [k.config for k in spec.kernel_keys() if k.TEMPLATE == "fused_forward"]
