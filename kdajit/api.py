@@ -173,8 +173,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
     >= -5) and runs the fast path; `safe_gate=False` runs the any-gate path, finite and accurate for every
     gate (docs/numerics.md), with its own bits. HV = H, or
     a multiple of H for grouped value heads (value head h uses q, k head h // (HV / H), as FLA). The
-    outputs have q's dtype and HV heads; scale defaults to K ** -0.5; cu_seqlens: int32 or
-    int64 [N+1] with B == 1 for packed sequences. On sm_90a one fused kernel computes everything (but at K = 256
+    outputs have q's dtype and HV heads (Aqk, Akk with `chunk_size` columns: 32 or 64); scale defaults to
+    K ** -0.5; cu_seqlens: int32 or int64 [N+1] with B == 1 for packed sequences. On sm_90a one fused kernel computes everything (but at K = 256
     with QG, where the standalone kernels are faster: `ForwardSpec.untuned_fused_config`); elsewhere (or with KDAJIT_FORWARD_ROUTE=standalone)
     intra, inverse and recompute run in turn. Both
     routes are bitwise equal to `recompute_w_u(k, v, beta, intra(...)[1], gk, q=...)`. `out`:
