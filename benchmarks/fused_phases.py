@@ -1,13 +1,14 @@
 """Where the fused kernel's time goes: time variants of it that leave phases out.
 
-    python benchmarks/fused_phases.py --export DIR      # compile the variants (works without a GPU)
-    python benchmarks/fused_phases.py [--objects DIR] [--json out.json]   # time them on the GPU
+    python benchmarks/fused_phases.py --export DIR [--chunk 32]     # compile the variants (works without a GPU)
+    python benchmarks/fused_phases.py [--objects DIR] [--chunk 32] [--json out.json]   # time them on the GPU
 
 Each variant is the fused kernel (templates/fused_forward.py) of one configuration with a subset of
 its phases: loads (q, k, g cp.async, v, beta), intra (Aqk, L), inverse (Akk), recompute (KG, W, U).
 A variant without some phase computes garbage (it is a timing instrument, never cached and never
 reachable from `kdajit.forward`); the differences between variants bound what each phase costs when
-the others run beside it. Shape: B=2 T=8192 H=64, bf16 beta, output_qg=False (the main bench row).
+the others run beside it. Shape: B=2 T=8192 H=64, bf16 beta, output_qg=False (the main bench row), chunk 64
+unless `--chunk 32`.
 Variants are compiled in this process unless `--objects` names a directory written by `--export`.
 """
 from __future__ import annotations
@@ -28,29 +29,30 @@ VARIANTS = {  # name: phases kept
 CONFIGS = {"tile": dict(), "tile-w8": dict(warps=8)}
 
 
-def variant_kernel(config_name: str, phases: tuple[str, ...]):
+def variant_kernel(config_name: str, phases: tuple[str, ...], chunk: int):
     from kdajit.keys import ForwardSpec, FusedConfig
     from kdajit.templates.fused_forward import FusedForward
 
-    key = ForwardSpec("bf16", "dense", 128, 128, 64, False, "sm_90a").fused_key(FusedConfig(**CONFIGS[config_name]))
+    spec = ForwardSpec("bf16", "dense", 128, 128, chunk, False, "sm_90a")
+    key = spec.fused_key(FusedConfig(**CONFIGS[config_name]))
     kernel = FusedForward(key)
     kernel.phases = phases
     return key, kernel
 
 
-def export(directory: str) -> None:
+def export(directory: str, chunk: int) -> None:
     from kdajit import compiler
 
     os.makedirs(directory, exist_ok=True)
     for config_name in CONFIGS:
         for name, phases in VARIANTS.items():
-            key, kernel = variant_kernel(config_name, phases)
+            key, kernel = variant_kernel(config_name, phases, chunk)
             compiled = compiler.compile_template(kernel, key.arch)
             compiler.export_object(compiled, os.path.join(directory, f"{config_name}.{name}.o"))
             print(f"{config_name} {name}: compiled in {compiled.kdajit_compile_s:.1f} s", flush=True)
 
 
-def time_variants(objects: str | None) -> list[dict]:
+def time_variants(objects: str | None, chunk: int) -> list[dict]:
     import torch
     import triton.testing
 
@@ -58,9 +60,9 @@ def time_variants(objects: str | None) -> list[dict]:
     from kdajit.keys import FusedConfig, FusedForwardKey
 
     B, T, H = 2, 8192, 64
-    x = reference.make_inputs(B, T, H, beta_dtype=torch.bfloat16, device="cuda")
+    x = reference.make_inputs(B, T, H, beta_dtype=torch.bfloat16, device="cuda", chunk_size=chunk)
     empty = lambda d: torch.empty(B, T, H, d, dtype=torch.bfloat16, device="cuda")
-    outs = (empty(64), empty(64), empty(128), empty(128), empty(128))
+    outs = (empty(chunk), empty(chunk), empty(128), empty(128), empty(128))
     qg = torch.zeros(1, 1, 1, 128, dtype=torch.bfloat16, device="cuda")
     dummy = torch.zeros(1, dtype=torch.int32, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -72,14 +74,14 @@ def time_variants(objects: str | None) -> list[dict]:
             if objects:
                 fn = compiler.load_object(os.path.join(objects, f"{config_name}.{name}.o"))
             else:
-                key, kernel = variant_kernel(config_name, phases)
+                key, kernel = variant_kernel(config_name, phases, chunk)
                 fn = compiler.callable_of(compiler.compile_template(kernel, key.arch))
             inputs = {n: x[n] for n in ("q", "k", "v", "gk", "beta")}
             call = lambda: api._launch(fn, FusedForwardKey, **inputs, Aqk=outs[0], Akk=outs[1], w=outs[2],
                                        u=outs[3], kg=outs[4], qg=qg, cu_seqlens=dummy,
                                        scale=128 ** -0.5, max_ctas=max_ctas)
             ms = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
-            results.append({"config": config_name, "variant": name, "phases": list(phases), "ms": ms})
+            results.append({"config": config_name, "variant": name, "phases": list(phases), "chunk": chunk, "ms": ms})
             print(f"| {config_name} | {name} | {ms:.3f} |", flush=True)
     return results
 
@@ -88,13 +90,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--export", metavar="DIR", help="compile every variant to object files in DIR and exit")
     parser.add_argument("--objects", metavar="DIR", help="load the variants from DIR instead of compiling")
+    parser.add_argument("--chunk", type=int, choices=(32, 64), default=64, help="chunk size (default 64)")
     parser.add_argument("--json", help="write the timings here")
     args = parser.parse_args(argv)
     if args.export:
-        export(args.export)
+        export(args.export, args.chunk)
         return 0
     print("| config | phases kept | ms |\n|---|---|---|")
-    results = time_variants(args.objects)
+    results = time_variants(args.objects, args.chunk)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
