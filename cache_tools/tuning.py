@@ -70,8 +70,8 @@ def run_tune(shapes: list[str], betas: list[str], varlen: str, output_qg: bool, 
             shape = parse_shape(text)
             mode = varlen if shape["lengths"] is not None else "dense"
             if not as_json:
-                print(f"tuning {io_dtype} q/k/v, K = {head_dims[0]}, V = {head_dims[1]}, {beta} beta, {mode}, shape {text}, "
-                      f"output_qg={output_qg}, safe_gate={not any_gate}", file=sys.stderr)
+                print(f"tuning {io_dtype} q/k/v, K = {head_dims[0]}, V = {head_dims[1]}, {beta} beta, {mode}, "
+                      f"shape {text}, output_qg={output_qg}, safe_gate={not any_gate}", file=sys.stderr)
             record = kdajit.tune(shape["batch"], shape["tokens"], shape["heads"], beta_dtype=beta,
                                  varlen=mode, lengths=shape["lengths"], head_k=head_dims[0], head_v=head_dims[1],
                                  output_qg=output_qg, io_dtype=io_dtype, safe_gate=not any_gate, force=force,

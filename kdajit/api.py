@@ -167,16 +167,17 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gk: torch.Tensor,
             output_qg: bool = False, safe_gate: bool = True, out: ForwardOutput | None = None) -> ForwardOutput:
     """The whole KDA forward intra stage: Aqk, Akk = (I+L)^-1, W, U, KG (and QG if `output_qg`).
 
-    q, k: bf16 or fp16 [B, T, H, K], K in {64, 128, 256}; v: [B, T, HV, V], V in {64, 128, 256}, in q's dtype; gk:
-    fp32 chunk-local cumulative log2 gate [B, T, HV, K] (non-increasing within a chunk); beta: bf16, fp16 or
+    q, k: bf16 or fp16 [B, T, H, K], K in {64, 128, 256}; v: [B, T, HV, V], V in {64, 128, 256}, in q's dtype;
+    gk: fp32 chunk-local cumulative log2 gate [B, T, HV, K] (non-increasing within a chunk); beta: bf16, fp16 or
     fp32 [B, T, HV]. `safe_gate=True` (the default) promises KDA's lower-bound gate (every per-token log-gate
     >= -5) and runs the fast path; `safe_gate=False` runs the any-gate path, finite and accurate for every
     gate (docs/numerics.md), with its own bits. HV = H, or
     a multiple of H for grouped value heads (value head h uses q, k head h // (HV / H), as FLA). The
     outputs have q's dtype and HV heads (Aqk, Akk with `chunk_size` columns: 32 or 64); scale defaults to
-    K ** -0.5; cu_seqlens: int32 or int64 [N+1] with B == 1 for packed sequences. On sm_90a one fused kernel computes everything (but at K = 256
-    with QG, where the standalone kernels are faster: `ForwardSpec.untuned_fused_config`); elsewhere (or with KDAJIT_FORWARD_ROUTE=standalone)
-    intra, inverse and recompute run in turn. Both
+    K ** -0.5; cu_seqlens: int32 or int64 [N+1] with B == 1 for packed sequences. On sm_90a one fused kernel
+    computes everything (but at K = 256 with QG, where the standalone kernels are faster:
+    `ForwardSpec.untuned_fused_config`); elsewhere (or with KDAJIT_FORWARD_ROUTE=standalone) intra, inverse and
+    recompute run in turn. Both
     routes are bitwise equal to `recompute_w_u(k, v, beta, intra(...)[1], gk, q=...)`. `out`:
     preallocated outputs to write into (e.g. static buffers for CUDA graphs); `out.qg` is needed only
     with `output_qg`. Under torch.compile it traces as the custom

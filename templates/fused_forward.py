@@ -60,23 +60,23 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
-from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, HEAD_DIMS, LOADS_AHEAD, RASTER_ORDERS, VARLEN_MODES,
-                         FusedForwardKey)
+from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, HEAD_DIMS, LOADS_AHEAD, RASTER_ORDERS,
+                         VARLEN_MODES, FusedForwardKey)
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
                                     make_struct, qk_head, sync_group)
 from kdajit.templates.tile_intra import (beta_row, intra_tile, load_rows, make_intra_mma, warp_schedule,
                                          make_row_copy, padded_pitch, padded_tile_layout)
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_layout, make_akk_store_copy,
                                            make_l_load_copy, store_akk_rows, x00_layout, zero_rows_from)
-from kdajit.templates.tile_recompute import (VEC, RecomputeLayouts, gate_row, make_recompute_mma,
-                                             pick_tensor, product_of_group, product_threads, products_w_u,
-                                             row_fragments, store_akk, value_row)
+from kdajit.templates.tile_recompute import (PRODUCT_BARRIERS, VEC, RecomputeLayouts, gate_row, make_recompute_mma,
+                                             product_threads, products_by_groups, products_w_u, row_fragments,
+                                             store_akk, value_row)
 
 # 4 warps: the inverse, the gate rows and the W/U products are written for one group of 4 warps (all of
 # a 4-warp CTA; in an 8-warp CTA group 0 = warps 0-3 inverts and multiplies W, group 1 = warps 4-7
 # computes the gate rows and multiplies U, each group with its own named barrier).
 GROUP_THREADS = 128
-GROUP_BARRIERS = ((1, GROUP_THREADS), (2, GROUP_THREADS))
+GROUP_BARRIERS = tuple((barrier, GROUP_THREADS) for barrier in PRODUCT_BARRIERS)
 PHASES = ("loads", "intra", "inverse", "recompute")  # every kernel built from a key runs all of them
 SMEM_PER_SM = 233_472          # H100/H200: 228 KiB of shared memory per SM
 SMEM_PER_CTA_MAX = 232_448     # 227 KiB usable by one CTA
@@ -379,23 +379,12 @@ class FusedForward:
     def group_products(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, wu_mma: cute.TiledMma,
                        batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32, valid_rows: cutlass.Int32,
                        group_tidx: cutlass.Int32, first_group: cutlass.Boolean):
-        """W by group 0's `product_threads`, U by group 1's, each group on its own named barrier."""
+        """W by group 0's `product_threads`, U by group 1's (`products_by_groups`)."""
         mW, mU = tensors[7], tensors[8]
         sA, sKp, sVp, sOutW, sOutU = smem[7:]
         C = self.chunk
-        threads = product_threads(C)
-        dW, dU = chunk_rows(mW, batch, head, row0, C), chunk_rows(mU, batch, head, row0, C)
-        if cutlass.const_expr(self.head_k == self.head_v):
-            # One copy of the product code for both groups (code size: docs/performance.md): K == V gives W and U
-            # the same layouts, so each group picks its B tile, staging tile, output rows and barrier at run time.
-            barrier = (cutlass.select_(first_group, GROUP_BARRIERS[0][0], GROUP_BARRIERS[1][0]), threads)
-            product_of_group(wu_mma, sA, pick_tensor(first_group, sKp, sVp, 1024),
-                             pick_tensor(first_group, sOutW, sOutU, 1024), pick_tensor(first_group, dW, dU, 16),
-                             valid_rows, group_tidx, barrier)
-        elif first_group:
-            product_of_group(wu_mma, sA, sKp, sOutW, dW, valid_rows, group_tidx, (GROUP_BARRIERS[0][0], threads))
-        else:
-            product_of_group(wu_mma, sA, sVp, sOutU, dU, valid_rows, group_tidx, (GROUP_BARRIERS[1][0], threads))
+        products_by_groups(wu_mma, sA, sKp, sVp, sOutW, sOutU, chunk_rows(mW, batch, head, row0, C),
+                           chunk_rows(mU, batch, head, row0, C), valid_rows, group_tidx, first_group)
 
     @cute.jit
     def one_group_tile(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, ops: cutlass.Constexpr,

@@ -340,14 +340,14 @@ def exact_diagonal(sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor, a: cutlass
             for e in cutlass.range_constexpr(2):
                 cute.autovec_copy(cute.local_tile(sK[cols[n][e], None], (EXACT_STEP,), (kk,)), rKj[n][e])
                 cute.autovec_copy(cute.local_tile(sG[cols[n][e], None], (EXACT_STEP,), (kk,)), rGj[n][e])
+        qi = [rQ[h].load().to(f32) for h in range(halves)]  # once per row half, not per fragment element
+        ki = [rKi[h].load().to(f32) for h in range(halves)]
         for e, h, n in elements:
             gate = cute.math.exp2(rGi[h].load() - rGj[n][e].load(), fastmath=True)
             rKB.store(rKj[n][e].load().to(f32) * gate)
-            qi = rQ[h].load().to(f32)
-            ki = rKi[h].load().to(f32)
             for d in cutlass.range_constexpr(EXACT_STEP):
-                accQK[(e, h), 0, n] = cute.math.fma(qi[d], rKB[d], accQK[(e, h), 0, n], rounding=RN)
-                accKK[(e, h), 0, n] = cute.math.fma(ki[d], rKB[d], accKK[(e, h), 0, n], rounding=RN)
+                accQK[(e, h), 0, n] = cute.math.fma(qi[h][d], rKB[d], accQK[(e, h), 0, n], rounding=RN)
+                accKK[(e, h), 0, n] = cute.math.fma(ki[h][d], rKB[d], accKK[(e, h), 0, n], rounding=RN)
 
 
 @cute.jit

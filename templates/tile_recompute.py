@@ -169,10 +169,8 @@ def products_w_u(tiled_mma: cute.TiledMma, sA: cute.Tensor, sKp: cute.Tensor, sV
         product(tiled_mma, s2r_B, tCrA, sKp, sOutW, dW, valid_rows, tidx)
         product(tiled_mma, s2r_B, tCrA, sVp, sOutU, dU, valid_rows, tidx)
     else:
-        if tidx < threads:
-            product_of_group(tiled_mma, sA, sKp, sOutW, dW, valid_rows, tidx, (1, threads))
-        else:
-            product_of_group(tiled_mma, sA, sVp, sOutU, dU, valid_rows, tidx - threads, (2, threads))
+        products_by_groups(tiled_mma, sA, sKp, sVp, sOutW, sOutU, dW, dU, valid_rows, tidx % threads,
+                           tidx < threads)
 
 
 @cute.jit
@@ -183,6 +181,30 @@ def product_of_group(tiled_mma: cute.TiledMma, sA: cute.Tensor, sB: cute.Tensor,
     `products_w_u`."""
     product(tiled_mma, b_operand_copy(tiled_mma, sB.element_type), load_akk_fragments(tiled_mma, sA, tidx), sB,
             sOut, dOut, valid_rows, tidx, group)
+
+
+# Named barriers of the two product groups (`products_by_groups`); 0 is the CTA barrier.
+PRODUCT_BARRIERS = (1, 2)
+
+
+@cute.jit
+def products_by_groups(tiled_mma: cute.TiledMma, sA: cute.Tensor, sKp: cute.Tensor, sVp: cute.Tensor,
+                       sOutW: cute.Tensor, sOutU: cute.Tensor, dW: cute.Tensor, dU: cute.Tensor,
+                       valid_rows: cutlass.Int32, group_tidx: cutlass.Int32, first_group: cutlass.Boolean):
+    """W by the first group of `product_threads` threads while the second multiplies U (`group_tidx`: the thread's
+    index in its group), each group on its own named barrier (PRODUCT_BARRIERS). When W and U have one layout
+    (K == V) both groups run one copy of the code, each picking its tiles, output rows and barrier at run time
+    (code size, docs/performance.md)."""
+    threads = product_threads(cute.size(sA, mode=[0]))
+    if cutlass.const_expr(cute.size(sKp, mode=[0]) == cute.size(sVp, mode=[0])):
+        barrier = (cutlass.select_(first_group, PRODUCT_BARRIERS[0], PRODUCT_BARRIERS[1]), threads)
+        product_of_group(tiled_mma, sA, pick_tensor(first_group, sKp, sVp, 1024),
+                         pick_tensor(first_group, sOutW, sOutU, 1024), pick_tensor(first_group, dW, dU, 16),
+                         valid_rows, group_tidx, barrier)
+    elif first_group:
+        product_of_group(tiled_mma, sA, sKp, sOutW, dW, valid_rows, group_tidx, (PRODUCT_BARRIERS[0], threads))
+    else:
+        product_of_group(tiled_mma, sA, sVp, sOutU, dU, valid_rows, group_tidx, (PRODUCT_BARRIERS[1], threads))
 
 
 @cute.jit
