@@ -1,4 +1,4 @@
-"""Akk = (I + L)^-1 for one (chunk, head) tile per CTA: fp32 blocked inverse on CUDA cores.
+"""Akk = (I + L)^-1 for one (chunk, head) tile per CTA: fp32 blocked inverse, tensor-core merges.
 
 Math. L is the strictly lower fp32 workspace written by the intra kernel ([B, T, H, C], column =
 position in the chunk). For a tile with v = valid_rows rows, Akk is the inverse of I + L[:v, :v]:
@@ -14,46 +14,48 @@ Arithmetic order (this fixes the bits; docs/numerics.md repeats it). X = Akk in 
    then `fma.rn.f32` for each further term.
 2. Doubling merges, S = 16 then 32: for each pair of inverted S-row diagonal blocks, rows a..a+S-1 and
    u = a+S..a+2S-1,
-       T[i, j] = sum_k L[u+i, a+k] X[a+k, a+j],  k = 0 .. S-1 ascending (one fp32 chain as above),
-       X[u+i, a+j] = -(sum_k X[u+i, u+k] T[k, j]),  k = 0 .. i ascending (one fp32 chain), a zero as +0.0.
+       T = L[u, a] X[a, a],   X[u, a] = -(X[u, u] T),  a zero as +0.0,
+   each product by 16 x 8 output tiles (`tile_inverse.tf32x3_product`): 3xTF32 on the tensor cores,
+   per k-step of 8 (ascending) three `mma.sync m16n8k8` into one fp32 accumulator from +0, A_lo B_hi,
+   A_hi B_lo, A_hi B_hi, where x_hi is x's TF32 bits and x_lo = x - x_hi (exact). T's column tile n
+   sums the k-steps n .. S/8 - 1 (the steps before lie above X[a, a]'s diagonal: all +0 terms); X[u, a]'s
+   row tile m (rows 16m ..) the k-steps 0 .. 2m + 1 (the later ones lie above X[u, u]'s diagonal).
    X[a.., a..] and X[u.., u..] are the unrounded fp32 results of the earlier steps.
-Nothing else touches the values: no contraction, no reassociation, no tensor cores, no other rounding; each
-Akk element is rounded to the io dtype once (cvt.rn). Signed zeros: every exact-zero result is stored as +0.0,
-so no bit depends on how a compiler treats the sign of a zero.
-Implementation details that leave the bits unchanged:
-- T's chains include the terms k < j, where X[a+k, a+j] = +0 (above the diagonal). For finite L those
-  terms are exact zeros at the start of the chain: the nonzero values are the same, and zero results are
-  normalized, so the bits equal the formula above. (A non-finite L[u+i, a+k] with k < j would poison
-  T[i, j] as well: row u+i's own L.)
-- X[u+i, ..]'s chain is unrolled to the end of a group of 2-8 rows; its terms k > i are left out by a
-  select, never multiplied by 0, so a row never reads a later row's T, not even as 0 x inf.
-- Rows >= v of L are replaced by 0 in shared memory. Row i < v only ever reads L[i, :i], earlier rows of X
-  and of T, so the result for valid rows is independent of v: a chunk gives the same bits in dense mode, in
-  varlen mode and in any batch.
+Each Akk element is rounded to the io dtype once (cvt.rn). Signed zeros: every exact-zero result is stored as
++0.0, so no bit depends on how a compiler treats the sign of a zero.
+Causality:
+- Rows >= v of L are replaced by 0 in shared memory. Row i < v reads L[i, :i], earlier rows of X, and T rows
+  of its own 16-row tile and earlier: the later rows of its own tile enter as X[u+i, u+k] = +0 times T[k],
+  an exact zero for finite values. So the result for valid rows is independent of v: a chunk gives the same
+  bits in dense mode, in varlen mode and in any batch, and appending tokens changes no earlier row.
+- A non-finite L row (a non-finite input) reaches the earlier rows of its own 16-row block through
+  0 x inf = NaN in a merge product; rows of earlier blocks never read it.
 
 Warp roles (4 warps, 128 threads; `KernelConfig.warps` must be 4):
 1. all warps: L tile -> smem (rows < v by 16-byte coalesced loads, rows >= v as zeros).
 2. warp b: diagonal block b (lanes 0-15 one column each, ~120 FMAs per thread); lanes 16-31 write the +0
    blocks above the diagonal blocks.
-3. S = 16: warps 0-1 merge blocks 0 and 1, warps 2-3 blocks 2 and 3 (lane = column, 4 rows of T then
-   4 rows of X per thread).
-4. S = 32: all warps, lane = column, 8 rows of T then 8 rows of X per thread (256 + ~136 FMAs).
+3. S = 16: warps 0-1 merge blocks 0 and 1, warps 2-3 blocks 2 and 3, one 16 x 8 tile of T, then of X,
+   per warp.
+4. S = 32: all warps, two 16 x 8 tiles of T, then of X, per warp (`tile_inverse.pair_tiles`).
    A barrier between T and X and between the steps.
 5. all warps: io-dtype tile (staged in smem) -> Akk rows < v with 16-byte stores.
 Blocked instead of a whole-tile substitution: the substitution's dependent chain is 64 steps long and
-its work sits on one or two warps at a time; here the chains are 16 steps long and the merges, most of
-the FMAs, are independent dot products spread over all four warps.
+its work sits on one or two warps at a time; here the chains are 16 steps long, and the merges, ~94% of
+the multiply-adds, run on the tensor cores (as CUDA-core dot products they were bound by their shared-memory
+reads: docs/performance.md).
 
 Shared memory: L 64x64 fp32 (16 KiB) + X 64x64 16-bit (8 KiB) + X00 32x32 fp32 (4 KiB) = 28,672
-bytes per CTA. The fp32 X rows 0..31 live in X00; rows 32..63 and the merge products T live in L's upper
+bytes per CTA; the fp32 tiles are swizzled (`tile_inverse.fp32_tile_layout`) so that the merges' fragment
+reads are free of bank conflicts. The fp32 X rows 0..31 live in X00; rows 32..63 and the merge products T live in L's upper
 triangle, and the last T in L's upper-left block once nothing reads it (templates/tile_inverse.py).
 
 Code: steps 2-5 are the per-tile functions of templates/tile_inverse.py, shared with the fused
 kernel; this file holds the standalone launch and step 1 (the global L load).
 
 Constraints: chunk 64 or 32 (two diagonal blocks, warps 0-1, then one merge level, S = 16), warps == 4.
-Portable (sm_80, sm_90a, sm_100a): plain loads and stores,
-CUDA-core FMAs only.
+Portable (sm_80, sm_90a, sm_100a): plain loads and stores, CUDA-core FMAs and warp-level
+`mma.sync` (tf32).
 """
 from __future__ import annotations
 

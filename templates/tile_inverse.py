@@ -4,7 +4,8 @@ Shared by `templates/akk_inverse.py` (L loaded from the global workspace) and
 `templates/fused_forward.py` (L written to shared memory by the intra phase). The method, the warp
 roles and the arithmetic order are documented in `templates/akk_inverse.py` and docs/numerics.md.
 
-Shared tensors (row-major, unpadded): sL [C, C] fp32 with rows >= valid_rows zero; its lower triangle
+Shared tensors (row-major; the fp32 ones swizzled, `fp32_tile_layout`): sL [C, C] fp32 with rows >= valid_rows
+zero; its lower triangle
 is read-only, its upper triangle (never L data) holds the unrounded X rows of the lower half and the
 merge products, and the last merge's product reuses the top half's L (`fp32_x`, `product_view`);
 sX [C, C] in the io dtype (bf16 or fp16), the result; sX00 [C/2, C/2] fp32, the unrounded X rows of
@@ -14,17 +15,29 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+from cutlass.cute.nvgpu import warp
 
 from kdajit.templates.common import RN, sync_group
 
 _PANEL = 4  # columns per panel: one 16-byte shared load of 4 fp32 L values per row
 BLOCK = 16  # rows of the diagonal blocks inverted by forward substitution
 NUM_WARPS = 4
+MMA_M, MMA_N, MMA_K = 16, 8, 8  # the merges' mma.sync m16n8k8 tf32 tile
+TF32_BITS = 0xFFFFE000  # of an fp32 value: sign, exponent and the 10 mantissa bits a TF32 operand keeps
+
+
+def fp32_tile_layout(rows: int, cols: int):
+    """A row-major fp32 [rows, cols] shared tile (cols 32 or 64), swizzled: the 4-element (16-byte) group of
+    a column is XORed with the row mod 8, so the merges' fragment reads (8 rows x 4 columns for A, 4 rows
+    x 8 columns for B) hit 32 and 16 different banks instead of 4 to 8 rows per bank. 16-byte row
+    segments stay contiguous."""
+    return cute.make_composed_layout(cute.make_swizzle(3, 2, cols.bit_length() - 3), 0,
+                                     cute.make_layout((rows, cols), stride=(cols, 1)))
 
 
 def l_tile_layout(chunk: int):
-    """The fp32 L tile (also the layout of the global workspace rows)."""
-    return cute.make_layout((chunk, chunk), stride=(chunk, 1))
+    """The fp32 L tile."""
+    return fp32_tile_layout(chunk, chunk)
 
 
 def akk_tile_layout(chunk: int):
@@ -34,8 +47,7 @@ def akk_tile_layout(chunk: int):
 
 def x00_layout(chunk: int):
     """The fp32 upper-left block X00."""
-    half = chunk // 2
-    return cute.make_layout((half, half), stride=(half, 1))
+    return fp32_tile_layout(chunk // 2, chunk // 2)
 
 
 def make_l_load_copy(num_threads: int, chunk: int) -> cute.TiledCopy:
@@ -93,29 +105,26 @@ def invert_tile(sL: cute.Tensor, sX: cute.Tensor, sX00: cute.Tensor, warp_idx: c
     for b in cutlass.range_constexpr(blocks):
         if warp_idx == b:
             if lane >= BLOCK:
-                zero_upper_blocks(sX, sX00, zero_tasks(C)[b::blocks], lane - BLOCK)
+                zero_upper_blocks(sX, zero_tasks(C)[b::blocks], lane - BLOCK)
     sync_group(group)
 
     # 3.-4. Doubling merges: for each pair of size-S diagonal blocks (rows a.., then u = a + S..),
-    #    T = L[u, a] X[a, a], then X[u, a] = -(X[u, u] T); S = 16, 32.
+    #    T = L[u, a] X[a, a], then X[u, a] = -(X[u, u] T); S = 16, 32. Each is a set of 16 x 8 tiles
+    #    (`pair_tiles`), one 3xTF32 tensor-core product each (`tf32x3_product`).
     for level in cutlass.range_constexpr(merge_levels(C)):
         S = BLOCK << level
         pairs = C // (2 * S)
         warps_per_pair = NUM_WARPS // pairs
-        groups = warps_per_pair * (32 // S)
+        pair_warp = warp_idx % warps_per_pair
         for p in cutlass.range_constexpr(pairs):
             if warp_idx // warps_per_pair == p:
-                a = 2 * p * S
-                row_group = (warp_idx % warps_per_pair) * (32 // S) + lane // S
-                left_product(sL, fp32_x(sL, sX00, a), product_view(sL, a, S), a, S, groups, row_group, lane % S)
+                if pair_warp < S // MMA_N:
+                    left_product(sL, sX00, 2 * p * S, S, pair_warp, lane)
         sync_group(group)
         for p in cutlass.range_constexpr(pairs):
             if warp_idx // warps_per_pair == p:
-                a = 2 * p * S
-                row_group = (warp_idx % warps_per_pair) * (32 // S) + lane // S
-                keep = fp32_x(sL, sX00, a + S) if 2 * S < C else None
-                right_product(sX, fp32_x(sL, sX00, a + S), keep, product_view(sL, a, S), a, S, groups,
-                              row_group, lane % S)
+                if pair_warp < S // MMA_N:
+                    right_product(sL, sX, sX00, 2 * p * S, S, pair_warp, lane)
         if level + 1 < merge_levels(C):
             sync_group(group)
 
@@ -207,51 +216,116 @@ def product_view(sL, a: int, S: int):
 
 
 def zero_tasks(chunk: int) -> list:
-    """The BLOCK x BLOCK blocks above the diagonal blocks that must hold +0: all of io X's upper
-    blocks, and fp32 X's upper blocks in the top half (read as X[a, a] by the last level's product)."""
+    """The BLOCK x BLOCK blocks of the io-dtype X above its diagonal blocks: they must hold +0."""
     blocks = chunk // BLOCK
-    upper = [(r, c) for r in range(blocks) for c in range(r + 1, blocks)]
-    return [("io", r, c) for r, c in upper] + [("fp32", r, c) for r, c in upper if c < blocks // 2]
+    return [(r, c) for r in range(blocks) for c in range(r + 1, blocks)]
 
 
-def zero_upper_blocks(sX, sX00, tasks, col):
-    """Column `col` of each task's block := +0."""
-    for kind, r, c in tasks:
-        target = sX if kind == "io" else sX00
+def zero_upper_blocks(sX, tasks, col):
+    """Column `col` of each task's block of sX := +0."""
+    for r, c in tasks:
         for s in range(BLOCK):
-            target[r * BLOCK + s, c * BLOCK + col] = target.element_type(0.0)
+            sX[r * BLOCK + s, c * BLOCK + col] = sX.element_type(0.0)
 
 
-def left_product(sL, x_top, product, a, S, groups, row_group, col):
-    """product[i, col] = sum_k L[a+S+i, a+k] X[a+k, a+col] over k = 0 .. S-1 ascending (one fp32 chain;
-    the terms k < col multiply X's +0 above the diagonal), for rows i = groups * m + row_group."""
+def pair_tiles(S: int, warp):
+    """The 16 x 8 tiles (m, n) of a pair's S x S products (T and X[u, a]) that the pair's warp `warp`
+    (run time) computes: one per 16-row tile m, column tile n = warp for even m and S/8 - 1 - warp for odd
+    m, which balances the k-steps of both products (T: S/8 - n, X[u, a]: 2m + 2). Only warps < S/8 have
+    tiles (chunk 32 leaves two warps idle); the caller skips the others."""
+    return [(m, warp if m % 2 == 0 else S // MMA_N - 1 - warp) for m in range(S // MMA_M)]
+
+
+def left_product(sL, sX00, a, S, warp, lane):
+    """T[i, j] = sum_k L[u+i, a+k] X[a+k, a+j], u = a + S, for this warp's tiles (`pair_tiles`) into
+    `product_view`. The k-steps of 8 below X's diagonal tile (k < 8n for column tile n) are all +0 terms
+    and are left out: the sum runs over k-steps n .. S/8 - 1, ascending."""
     u = a + S
-    x = [x_top[a + k, a + col] for k in range(S)]
-    for m in range(S // groups):
-        i = groups * m + row_group
-        acc = None
-        for k in range(S):
-            acc = chain_step(acc, sL[u + i, a + k], x[k])
-        product[i, col] = acc
+    product = product_view(sL, a, S)
+    for m, n in pair_tiles(S, warp):
+        acc, coords = tf32x3_product(lane, *resolve(sL, u + MMA_M * m, a),
+                                     *resolve(fp32_x(sL, sX00, a), a, a + MMA_N * n), n, S // MMA_K, S // MMA_K)
+        for v in range(cute.size(coords)):
+            product[MMA_M * m + coords[v][0], MMA_N * n + coords[v][1]] = acc[v]
 
 
-def right_product(sX, x_bottom, keep, product, a, S, groups, row_group, col):
-    """X[u+i, a+col] = -(sum_k X[u+i, u+k] product[k, col] over k = 0 .. i ascending), u = a + S, a zero
-    stored as +0, for rows i = groups * m + row_group: to sX (io dtype) and, when `keep` is given, to
-    keep (fp32, read by the next level). The chain runs to the group's last row with the terms k > i
-    left out by a select, so a row never reads a later row's product (not even as 0 x inf)."""
+def right_product(sL, sX, sX00, a, S, warp, lane):
+    """X[u+i, a+j] = -(sum_k X[u+i, u+k] T[k, j]), u = a + S, a zero as +0, for this warp's tiles: to sX (io
+    dtype) and, below the last level, to the fp32 X of the next level (`fp32_x`). Tile m's sum runs over
+    the k-steps 0 .. 2m + 1 ascending: the steps above X[u, u]'s diagonal are left out, so a row reads T
+    rows of its own 16-row tile and earlier only."""
     u = a + S
-    t = [product[k, col] for k in range(S)]
-    for m in range(S // groups):
-        i = groups * m + row_group
-        acc = None
-        for k in range(groups * m + groups):
-            term = chain_step(acc, x_bottom[u + i, u + k], t[k])
-            acc = term if k <= groups * m else cutlass.Float32(cutlass.select_(i >= k, term, acc))
-        x = finalize(acc, col, i, False)
-        sX[u + i, a + col] = x.to(sX.element_type)
-        if keep is not None:
-            keep[u + i, a + col] = x
+    C = cute.size(sL, mode=[0])
+    keep = fp32_x(sL, sX00, u) if 2 * S < C else None
+    for m, n in pair_tiles(S, warp):
+        acc, coords = tf32x3_product(lane, *resolve(fp32_x(sL, sX00, u), u + MMA_M * m, u),
+                                     *resolve(product_view(sL, a, S), 0, MMA_N * n), 0, 2 * m + 2, S // MMA_K)
+        for v in range(cute.size(coords)):
+            row, col = u + MMA_M * m + coords[v][0], a + MMA_N * n + coords[v][1]
+            x = finalize(acc[v], 0, 0, False)
+            sX[row, col] = x.to(sX.element_type)
+            if keep is not None:
+                keep[row, col] = x
+
+
+def resolve(t, row: int, col: int):
+    """(tensor, row, col): tile coordinates (row, col) of `t` (a tensor or a `_Shifted` view) as
+    coordinates of the tensor that holds them."""
+    if isinstance(t, _Shifted):
+        return t.base, row - t.row0, col - t.col0
+    return t, row, col
+
+
+@cute.jit
+def tf32x3_product(lane: cutlass.Int32, sA: cute.Tensor, a_row: cutlass.Int32, a_col: cutlass.Int32,
+                   sB: cute.Tensor, b_row: cutlass.Int32, b_col: cutlass.Int32, step_begin: cutlass.Int32,
+                   step_end: cutlass.Int32, steps: cutlass.Constexpr):
+    """One warp's 16 x 8 product sum_k A[i, k] B[k, j] over the k-steps [step_begin, step_end) of 8, with
+    A[i, k] = sA[a_row + i, a_col + k] and B[k, j] = sB[b_row + k, b_col + j] (fp32 shared tensors, any
+    layout: each fragment element is read at its own coordinate). `steps` bounds the k-steps. Returns (the
+    accumulator fragment, its (i, j) coordinates).
+
+    3xTF32: each fp32 operand x splits exactly into x_hi (its TF32 bits: sign, exponent, 10 mantissa bits)
+    and x_lo = x - x_hi (`sub.f32`, exact); per k-step, ascending, three `mma.sync m16n8k8 tf32` into one
+    fp32 accumulator from +0: A_lo B_hi, then A_hi B_lo, then A_hi B_hi (A_lo B_lo is left out). The tensor
+    core reads x_lo's TF32 bits only."""
+    f32 = cutlass.Float32
+    tiled_mma = cute.make_tiled_mma(warp.MmaTF32Op((MMA_M, MMA_N, MMA_K)), cute.make_layout((1, 1, 1)))
+    thr = tiled_mma.get_slice(lane)
+    cA = thr.partition_A(cute.make_identity_tensor((MMA_M, MMA_K)))[None, None, 0]  # (i, k) per element
+    cB = thr.partition_B(cute.make_identity_tensor((MMA_N, MMA_K)))[None, None, 0]  # (j, k) per element
+    coords = thr.partition_C(cute.make_identity_tensor((MMA_M, MMA_N)))
+    acc = cute.make_rmem_tensor(coords.shape, f32)
+    acc.fill(0.0)
+    rA = [cute.make_rmem_tensor(cA.shape, f32) for _ in range(3)]  # x, x_hi, x_lo
+    rB = [cute.make_rmem_tensor(cB.shape, f32) for _ in range(3)]
+    for s in cutlass.range(step_begin, step_end, unroll=1):
+        k0 = MMA_K * s
+        for v in cutlass.range_constexpr(cute.size(cA)):
+            rA[0][v] = sA[a_row + cA[v][0], a_col + k0 + cA[v][1]]
+        for v in cutlass.range_constexpr(cute.size(cB)):
+            rB[0][v] = sB[b_row + k0 + cB[v][1], b_col + cB[v][0]]
+        tf32_split(*rA)
+        tf32_split(*rB)
+        cute.gemm(tiled_mma, acc, tf32(rA[2]), tf32(rB[1]), acc)
+        cute.gemm(tiled_mma, acc, tf32(rA[1]), tf32(rB[2]), acc)
+        cute.gemm(tiled_mma, acc, tf32(rA[1]), tf32(rB[1]), acc)
+    return acc, coords
+
+
+@cute.jit
+def tf32_split(rX: cute.Tensor, rHi: cute.Tensor, rLo: cute.Tensor):
+    """rHi := rX's TF32 bits (the low 13 mantissa bits cleared), rLo := rX - rHi (exact)."""
+    bits = cute.recast_tensor(rX, cutlass.Uint32)
+    hi_bits = cute.recast_tensor(rHi, cutlass.Uint32)
+    for v in cutlass.range_constexpr(cute.size(rX)):
+        hi_bits[v] = bits[v] & cutlass.Uint32(TF32_BITS)
+    rLo.store(rX.load() - rHi.load())
+
+
+def tf32(t):
+    """An fp32 register tensor as the tensor core's TF32 operand (same bits)."""
+    return cute.recast_tensor(t, cutlass.TFloat32)
 
 
 def chain_step(acc, l_is, x_s):

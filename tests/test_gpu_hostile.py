@@ -43,16 +43,19 @@ def reach(name, i0, v):
 
     r = torch.arange(v, device="cuda")
     own, later, every, none = rows(r == i0), rows(r >= i0), rows(r >= 0), rows(r < 0)
+    # Akk (and U = Akk Vp): a non-finite L row reaches the earlier rows of its own 16-row block through the
+    # inverse's merge products (0 x inf), except in block 0, which no merge writes.
+    akk_rows = rows(r >= (i0 // 16) * 16 if i0 >= 16 else r >= i0)
     # The token as a key: Aqk column i0, rows >= i0.
     column = (r[:, None] >= i0) & (torch.arange(64, device="cuda")[None, :] == i0)
     # The gate of a block's first row is the reference of that whole 16-row block row.
     block = rows((r >= i0) & (r < i0 + 16)) if i0 % 16 == 0 else own
     table = {
         "q": dict(Aqk=own["Aqk"], qg=own["qg"]),
-        "k": dict(Aqk=column, Akk=later["Akk"], w=every["w"], u=later["u"], kg=own["kg"]),
+        "k": dict(Aqk=column, Akk=akk_rows["Akk"], w=every["w"], u=akk_rows["u"], kg=own["kg"]),
         "v": dict(u=every["u"]),
-        "beta": dict(Akk=later["Akk"], w=every["w"], u=every["u"]),
-        "gk": dict(Aqk=block["Aqk"] | column, Akk=later["Akk"], w=every["w"], u=later["u"],
+        "beta": dict(Akk=akk_rows["Akk"], w=every["w"], u=every["u"]),
+        "gk": dict(Aqk=block["Aqk"] | column, Akk=akk_rows["Akk"], w=every["w"], u=akk_rows["u"],
                    kg=(every if i0 == v - 1 else own)["kg"], qg=own["qg"]),
     }
     return {out: table[name].get(out, none[out]) for out in OUTPUTS}

@@ -3,13 +3,14 @@
 `invert_tile` is Python that CuTe DSL traces; its helpers emit straight-line code. Here the undecorated
 function runs in 128 Python threads (warp = thread // 32, lane = thread % 32) with numpy stand-ins for the
 device operations: fp32 `mul.rn` / `fma.rn` (the exact product in fp64, one rounding to fp32), `select`,
-and shared tensors that log every access per barrier interval. A barrier is a `threading.Barrier`. So the
+the merges' 3xTF32 tensor-core tile products (`tf32x3_product`, per lane), and shared tensors that log every access per barrier interval. A barrier is a `threading.Barrier`. So the
 kernel's own indexing, block placement, merge order and barriers are checked without a GPU:
 - accuracy against fp64, exact +0 above the diagonal and exact 1 on it (a misplaced block or product fails);
 - no element written by one thread is read or written by another between two barriers (a missing barrier,
   or two steps sharing storage, fails);
-- causal bits: rows < v are bit-identical whatever rows >= v hold, finite or not (a term of a later row, even
-  multiplied by 0, fails).
+- causal bits: rows < v are bit-identical whatever finite values rows >= v hold (a nonzero term of a later row
+  fails); with non-finite rows >= v, the rows before v's 16-row block are (a merge product multiplies a later
+  row of its own 16-row tile by 0, and 0 x inf is NaN: docs/numerics.md).
 The bits are the emulation's (fp64-then-fp32 fma can differ from a hardware fma in rare double roundings);
 the GPU tests compare the real kernels' bits across routes.
 """
@@ -53,6 +54,33 @@ def _fma(a, b, c, rounding=None):
 
 def _mul(a, b, rounding=None):
     return F32(np.float32(np.float64(a.v) * np.float64(b.v)))
+
+
+def _tf32_split(x: np.float32) -> tuple:
+    """(x_hi, x_lo) of tile_inverse.tf32_split; the tensor core reads x_lo's TF32 bits only."""
+    hi = np.array([x], np.float32).view(np.uint32) & np.uint32(tile_inverse.TF32_BITS)
+    hi = hi.view(np.float32)[0]
+    lo = np.array([np.float32(x - hi)], np.float32).view(np.uint32) & np.uint32(tile_inverse.TF32_BITS)
+    return np.float64(hi), np.float64(lo.view(np.float32)[0])
+
+
+def _tf32x3_product(lane, sA, a_row, a_col, sB, b_row, b_col, step_begin, step_end, steps):
+    """tile_inverse.tf32x3_product for one lane: its 4 accumulator elements of the m16n8k8 layout (rows
+    lane / 4 and + 8, columns 2 (lane % 4) and + 1), each mma.sync as an exact sum rounded once to fp32
+    (the hardware's internal rounding can differ; the GPU tests compare the real kernels' bits)."""
+    assert 0 <= step_begin <= step_end <= steps
+    g, t = lane // 4, lane % 4
+    coords = [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)]
+    acc = []
+    for i, j in coords:
+        total = np.float32(0.0)
+        for s in range(step_begin, step_end):
+            terms = [(_tf32_split(sA[a_row + i, a_col + k].v), _tf32_split(sB[b_row + k, b_col + j].v))
+                     for k in range(8 * s, 8 * s + 8)]
+            for pick in ((1, 0), (0, 1), (0, 0)):  # A_lo B_hi, A_hi B_lo, A_hi B_hi
+                total = np.float32(np.float64(total) + sum(x[pick[0]] * y[pick[1]] for x, y in terms))
+        acc.append(F32(total))
+    return acc, coords
 
 
 class SharedTile:
@@ -105,12 +133,13 @@ def emulated_device(barrier: threading.Barrier, state: threading.local):
         barrier.wait()
 
     stand_ins = {
-        "cute": types.SimpleNamespace(size=lambda t, mode: t.shape[mode[0]],
+        "cute": types.SimpleNamespace(size=lambda t, mode=None: len(t) if mode is None else t.shape[mode[0]],
                                       math=types.SimpleNamespace(mul=_mul, fma=_fma),
                                       domain_offset=lambda offset, t: OffsetView(t, -offset[0], -offset[1])),
         "cutlass": types.SimpleNamespace(range_constexpr=range, Float32=F32,
                                          select_=lambda cond, a, b: a if cond else b),
         "sync_group": sync_group,
+        "tf32x3_product": _tf32x3_product,
     }
     saved = {name: getattr(tile_inverse, name) for name in stand_ins}
     for name, value in stand_ins.items():
@@ -191,5 +220,6 @@ def test_inverse_rows_depend_on_earlier_rows_only(C):
         hostile[v, :v] = np.nan  # row v's own L, and row v's column in later rows
         hostile[v + 1:, v] = np.inf
         X, _ = invert(hostile)
-        assert np.array_equal(bits(X[:v]), bits(full[:v])), f"a non-finite row {v} reached rows < {v}"
+        block = tile_inverse.BLOCK * (v // tile_inverse.BLOCK)  # rows before v's 16-row block
+        assert np.array_equal(bits(X[:block]), bits(full[:block])), f"a non-finite row {v} reached rows < {block}"
         assert np.isnan(X[v, :v]).all()
