@@ -45,9 +45,9 @@ its work sits on one or two warps at a time; here the chains are 16 steps long, 
 the multiply-adds, run on the tensor cores (as CUDA-core dot products they were bound by their shared-memory
 reads: docs/performance.md).
 
-Shared memory: L 64x64 fp32 (16 KiB) + X 64x64 16-bit (8 KiB) + X00 32x32 fp32 (4 KiB) = 28,672
-bytes per CTA; the fp32 tiles are swizzled (`tile_inverse.fp32_tile_layout`) so that the merges' fragment
-reads are free of bank conflicts. The fp32 X rows 0..31 live in X00; rows 32..63 and the merge products T live in L's upper
+Shared memory: L 64x64 fp32 with a 4-element row pad (17 KiB) + X 64x64 16-bit (8 KiB) + X00 32x32 fp32
+(4 KiB) = 29,696 bytes per CTA; the pad and X00's swizzle (`tile_inverse.l_tile_layout`, `x00_layout`) spread
+the merges' fragment reads over the banks. The fp32 X rows 0..31 live in X00; rows 32..63 and the merge products T live in L's upper
 triangle, and the last T in L's upper-left block once nothing reads it (templates/tile_inverse.py).
 
 Code: steps 2-5 are the per-tile functions of templates/tile_inverse.py, shared with the fused
@@ -66,8 +66,8 @@ from cutlass.memory import SmemAllocator
 
 from kdajit.keys import CHUNK_SIZES, AkkInverseKey
 from kdajit.templates.common import IO_TYPES, chunk_coords, fake_arguments, grid_shape, make_struct
-from kdajit.templates.tile_inverse import (NUM_WARPS, akk_tile_layout, invert_tile, l_tile_layout,
-                                           make_akk_store_copy, make_l_load_copy, store_akk_rows,
+from kdajit.templates.tile_inverse import (NUM_WARPS, akk_tile_layout, invert_tile, l_tile_elements,
+                                           l_tile_layout, make_akk_store_copy, make_l_load_copy, store_akk_rows,
                                            x00_layout)
 
 
@@ -76,7 +76,7 @@ def inverse_smem_struct(chunk: int, io):
     0 .. C/2-1 (fp32)."""
     S = cute.struct
     return make_struct("InverseSmem", [
-        ("l", S.Align[S.MemRange[cutlass.Float32, chunk * chunk], 16]),
+        ("l", S.Align[S.MemRange[cutlass.Float32, l_tile_elements(chunk)], 16]),
         ("akk", S.Align[S.MemRange[io, chunk * chunk], 16]),
         ("x00", S.Align[S.MemRange[cutlass.Float32, (chunk // 2) ** 2], 16]),
     ])

@@ -32,10 +32,11 @@ Every 16-bit tensor (q, k, v, Akk and the outputs) has the key's io dtype, bf16 
 heads: tiles are (chunk, value head h) of the HV heads of v, gk, beta and the outputs; q and k are read
 at head h // (HV / H), as in the standalone kernels.
 
-Shared memory (`fused_smem_struct`, K = V = 128, chunk 64): work region 28,672 B (L fp32 16 KiB, X00
-fp32 4 KiB, Akk 8 KiB; after the inverse the same bytes hold the swizzled Akk A tile 8 KiB and Kp
-16 KiB), Vp 16,384 B, q and k 17,408 B each, g 33,792 B, beta 256 B: 113,920 B, 114,688 B with the
-struct's 1 KiB end alignment; two CTAs fit an SM (2 x (114,688 + 1,024 reserved) <= 233,472 B).
+Shared memory (`fused_smem_struct`, K = V = 128, chunk 64): work region 29,696 B (L fp32 17 KiB with its
+row pad, X00 fp32 4 KiB, Akk 8 KiB; after the inverse the same bytes hold the swizzled Akk A tile 8 KiB and
+Kp 16 KiB), Vp 16,384 B, q and k 17,408 B each, g 33,792 B, beta 256 B: 114,944 B, 115,712 B with the
+struct's 1 KiB end alignment; two CTAs fit an SM (2 x (115,712 + 1,024 reserved) = 233,472 B, not a byte to
+spare: X00 is swizzled rather than padded for that reason).
 
 Scheduling (`FusedConfig`): one tile per CTA on the standalone grid (templates/common.py), or
 persistent CTAs walking tile indices with a static stride (tile = blockIdx.x, += gridDim.x), each
@@ -51,7 +52,7 @@ while W and U are multiplied and stored. No buffer is added: a K = 256 tile that
 for a second stage still works, it only overlaps less.
 Sizes are template parameters (chunk, head_k, head_v from the key); the device functions currently
 implement chunk 64 and 32 and K, V in keys.HEAD_DIMS (`can_implement`; K != V computes Vp in v's own rows and
-columns after the gate rows). At K = V = 64 a CTA needs 73,728 B (three fit an SM); at 256, 208,896 B (one).
+columns after the gate rows). At K = V = 64 a CTA needs 74,752 B (three fit an SM); at 256, 208,896 B (one).
 """
 from __future__ import annotations
 
@@ -66,8 +67,9 @@ from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows,
                                     make_struct, qk_head, sync_group)
 from kdajit.templates.tile_intra import (beta_row, intra_tile, load_rows, make_intra_mma, warp_schedule,
                                          make_row_copy, padded_pitch, padded_tile_layout)
-from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_layout, make_akk_store_copy,
-                                           make_l_load_copy, store_akk_rows, x00_layout, zero_rows_from)
+from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_elements, l_tile_layout,
+                                           make_akk_store_copy, make_l_load_copy, store_akk_rows, x00_layout,
+                                           zero_rows_from)
 from kdajit.templates.tile_recompute import (PRODUCT_BARRIERS, VEC, RecomputeLayouts, gate_row, make_recompute_mma,
                                              product_threads, products_by_groups, products_w_u, row_fragments,
                                              store_akk, value_row)
@@ -97,7 +99,7 @@ def fused_smem_struct(chunk: int, head_k: int, head_v: int, io):
     S = cute.struct
     f32 = cutlass.Float32
     inverse_work = make_struct("InverseWork", [
-        ("l", S.MemRange[f32, chunk * chunk]),
+        ("l", S.MemRange[f32, l_tile_elements(chunk)]),
         ("x00", S.MemRange[f32, (chunk // 2) ** 2]),
         ("akk", S.MemRange[io, chunk * chunk]),
     ])

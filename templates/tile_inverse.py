@@ -4,8 +4,8 @@ Shared by `templates/akk_inverse.py` (L loaded from the global workspace) and
 `templates/fused_forward.py` (L written to shared memory by the intra phase). The method, the warp
 roles and the arithmetic order are documented in `templates/akk_inverse.py` and docs/numerics.md.
 
-Shared tensors (row-major; the fp32 ones swizzled, `fp32_tile_layout`): sL [C, C] fp32 with rows >= valid_rows
-zero; its lower triangle
+Shared tensors (row-major; sL padded, sX00 swizzled: `l_tile_layout`, `x00_layout`): sL [C, C] fp32 with rows
+>= valid_rows zero; its lower triangle
 is read-only, its upper triangle (never L data) holds the unrounded X rows of the lower half and the
 merge products, and the last merge's product reuses the top half's L (`fp32_x`, `product_view`);
 sX [C, C] in the io dtype (bf16 or fp16), the result; sX00 [C/2, C/2] fp32, the unrounded X rows of
@@ -24,20 +24,18 @@ BLOCK = 16  # rows of the diagonal blocks inverted by forward substitution
 NUM_WARPS = 4
 MMA_M, MMA_N, MMA_K = 16, 8, 8  # the merges' mma.sync m16n8k8 tf32 tile
 TF32_BITS = 0xFFFFE000  # of an fp32 value: sign, exponent and the 10 mantissa bits a TF32 operand keeps
-
-
-def fp32_tile_layout(rows: int, cols: int):
-    """A row-major fp32 [rows, cols] shared tile (cols 32 or 64), swizzled: the 4-element (16-byte) group of
-    a column is XORed with the row mod 8, so the merges' fragment reads (8 rows x 4 columns for A, 4 rows
-    x 8 columns for B) hit 32 and 16 different banks instead of 4 to 8 rows per bank. 16-byte row
-    segments stay contiguous."""
-    return cute.make_composed_layout(cute.make_swizzle(3, 2, cols.bit_length() - 3), 0,
-                                     cute.make_layout((rows, cols), stride=(cols, 1)))
+L_PAD = 4  # fp32 elements after each row of the L tile (`l_tile_layout`)
 
 
 def l_tile_layout(chunk: int):
-    """The fp32 L tile."""
-    return fp32_tile_layout(chunk, chunk)
+    """The fp32 L tile: row-major with L_PAD extra elements per row, so that the merges' A-fragment reads (8
+    rows x 4 columns) hit 32 different banks and their B-fragment reads (4 rows x 8 columns) 16."""
+    return cute.make_layout((chunk, chunk), stride=(chunk + L_PAD, 1))
+
+
+def l_tile_elements(chunk: int) -> int:
+    """fp32 elements of the L tile's buffer."""
+    return chunk * (chunk + L_PAD)
 
 
 def akk_tile_layout(chunk: int):
@@ -46,8 +44,13 @@ def akk_tile_layout(chunk: int):
 
 
 def x00_layout(chunk: int):
-    """The fp32 upper-left block X00."""
-    return fp32_tile_layout(chunk // 2, chunk // 2)
+    """The fp32 upper-left block X00, [C/2, C/2] row-major and swizzled (no room for a pad in the fused kernel):
+    the 4-element (16-byte) group of a column is XORed with the row mod 8, which spreads the merges' fragment
+    reads over banks as L's pad does. 16-byte row segments stay contiguous. Accessed by coordinates only
+    (`block_view` and `resolve` shift indices, never the tensor)."""
+    half = chunk // 2
+    return cute.make_composed_layout(cute.make_swizzle(3, 2, half.bit_length() - 3), 0,
+                                     cute.make_layout((half, half), stride=(half, 1)))
 
 
 def make_l_load_copy(num_threads: int, chunk: int) -> cute.TiledCopy:
@@ -179,6 +182,10 @@ class _Shifted:
     def __init__(self, base, row0: int, col0: int) -> None:
         self.base, self.row0, self.col0 = base, row0, col0
 
+    @property
+    def element_type(self):
+        return self.base.element_type
+
     def __getitem__(self, rc):
         return self.base[rc[0] - self.row0, rc[1] - self.col0]
 
@@ -187,10 +194,10 @@ class _Shifted:
 
 
 def block_view(t, row0, col0):
-    """v[i, j] = t[row0 + i, col0 + j] (tile coordinates when t is a `_Shifted`); row0, col0 may be run-time."""
-    if isinstance(t, _Shifted):
-        return cute.domain_offset((row0 - t.row0, col0 - t.col0), t.base)
-    return cute.domain_offset((row0, col0), t)
+    """v[i, j] = t[row0 + i, col0 + j] (tile coordinates when t is a `_Shifted`); row0, col0 may be run-time.
+    A shift of the indices, not of the tensor, so it is right for X00's swizzled layout too."""
+    base, row, col = resolve(t, row0, col0)
+    return _Shifted(base, -row, -col)
 
 
 def merge_levels(chunk: int) -> int:

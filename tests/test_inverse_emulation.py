@@ -116,14 +116,6 @@ class SharedTile:
         self.values[r, c] = value.v if isinstance(value, F32) else value
 
 
-class OffsetView(tile_inverse._Shifted):
-    """cute.domain_offset's stand-in: a shifted view that keeps its tensor's element type."""
-
-    @property
-    def element_type(self):
-        return self.base.element_type
-
-
 @contextlib.contextmanager
 def emulated_device(barrier: threading.Barrier, state: threading.local):
     """tile_inverse's module globals swapped for the stand-ins, restored afterwards."""
@@ -134,8 +126,7 @@ def emulated_device(barrier: threading.Barrier, state: threading.local):
 
     stand_ins = {
         "cute": types.SimpleNamespace(size=lambda t, mode=None: len(t) if mode is None else t.shape[mode[0]],
-                                      math=types.SimpleNamespace(mul=_mul, fma=_fma),
-                                      domain_offset=lambda offset, t: OffsetView(t, -offset[0], -offset[1])),
+                                      math=types.SimpleNamespace(mul=_mul, fma=_fma)),
         "cutlass": types.SimpleNamespace(range_constexpr=range, Float32=F32,
                                          select_=lambda cond, a, b: a if cond else b),
         "sync_group": sync_group,
