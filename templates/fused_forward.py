@@ -23,8 +23,8 @@ replaced by zero with a select or never stored, exactly as in the standalone ker
 
 With 8 warps (`FusedConfig.warps`, no QG, loads_ahead 0; `two_group_tile`) the same phases run on two
 groups of 4 warps: the intra blocks are spread over all 8 warps (tile_intra.WARP_GROUPS_8); then group 0
-(warps 0-3) runs phase 3 and stages the A tile while group 1 (warps 4-7) loads v and computes the gate
-rows, writing Kp into q's buffer (q is consumed by then; the work region still holds L); then group 0
+(warps 0-3) runs phase 3, stages the A tile and computes KG while group 1 (warps 4-7) loads v and computes
+Kp and Vp, writing Kp into q's buffer (q is consumed by then; the work region still holds L); then group 0
 multiplies and stores W while group 1 multiplies and stores U. Each group synchronizes on its own named
 barrier; every element still comes from the same device function on the same operands.
 
@@ -70,7 +70,8 @@ from kdajit.templates.tile_intra import (beta_row, intra_tile, load_rows, make_i
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_elements, l_tile_layout,
                                            make_akk_store_copy, make_l_load_copy, store_akk_rows, x00_layout,
                                            zero_rows_from)
-from kdajit.templates.tile_recompute import (PRODUCT_BARRIERS, VEC, RecomputeLayouts, gate_row, make_recompute_mma,
+from kdajit.templates.tile_recompute import (PRODUCT_BARRIERS, VEC, RecomputeLayouts, gate_row, key_gate_row,
+                                             make_recompute_mma,
                                              product_threads, products_by_groups, products_w_u, row_fragments,
                                              store_akk, value_row)
 
@@ -333,8 +334,8 @@ class FusedForward:
                        scale: cutlass.Float32, batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
                        valid_rows: cutlass.Int32, rV: cute.Tensor, rBeta: cute.Tensor):
         """Phases 2-4 with 8 warps (no QG): the intra blocks over all 8 warps (WARP_GROUPS_8); then group 0
-        (warps 0-3) inverts, stores Akk and stages the A tile while group 1 (warps 4-7) loads v and computes
-        the gate rows (Kp into q's buffer, Vp, KG); then group 0 multiplies W while group 1 multiplies U.
+        (warps 0-3) inverts, stores Akk, stages the A tile and computes KG while group 1 (warps 4-7) loads v
+        and computes Kp (into q's buffer) and Vp; then group 0 multiplies W while group 1 multiplies U.
         Every element comes from the same device function, on the same operands, as in `one_group_tile`."""
         mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens = tensors
         sQ, sK, sG, sBeta, sL, sX00, sX, sA, sKp, sVp, sOutW, sOutU = smem
@@ -360,11 +361,13 @@ class FusedForward:
                 rA = self.akk_rows_from_smem(sX, group_tidx)
                 sync_group(GROUP_BARRIERS[0])  # the group has read sX and sL: the work region is free
                 store_akk(rA, sA, valid_rows, group_tidx, GROUP_THREADS)
+                self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
+                               batch, head, row0, valid_rows, group_tidx, "keys")
         else:
             if cutlass.const_expr(recompute):
                 self.load_v_rows(mV, batch, head, row0, valid_rows, group_tidx, rV)
                 self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
-                               batch, head, row0, valid_rows, group_tidx)
+                               batch, head, row0, valid_rows, group_tidx, "operands")
         cute.arch.sync_threads()  # the A tile, Kp and Vp complete
         if cutlass.const_expr(recompute):
             threads = product_threads(C)  # of each group: all 4 warps at chunk 64, warps 0-1 / 4-5 at 32
@@ -478,9 +481,10 @@ class FusedForward:
     def gate_rows(self, sK: cute.Tensor, sG: cute.Tensor, sQ: cute.Tensor, sBeta: cute.Tensor,
                   rV: cute.Tensor, dKG: cute.Tensor, mQG: cute.Tensor, sKp: cute.Tensor, sVp: cute.Tensor,
                   batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
-                  valid_rows: cutlass.Int32, tidx: cutlass.Int32):
+                  valid_rows: cutlass.Int32, tidx: cutlass.Int32, parts: cutlass.Constexpr = "all"):
         """`gate_row` for this thread's rows t // (K / 8) + p (128 / (K / 8)), columns 8 (t % (K / 8)) ..,
-        operands from smem; Vp from rV (`load_v_rows`' rows), in the same loop when K == V."""
+        operands from smem; Vp from rV (`load_v_rows`' rows), in the same loop when K == V. `parts`: "all";
+        "operands" (Kp, Vp, QG: KG is left to `parts="keys"`, on other warps); "keys" (KG only)."""
         f32, io = cutlass.Float32, self.io
         col_tiles = self.head_k // VEC
         rows_per_pass = GROUP_THREADS // col_tiles
@@ -488,8 +492,10 @@ class FusedForward:
         dQG = dKG  # never written without QG (mQG is then a small dummy)
         if cutlass.const_expr(self.output_qg):
             dQG = chunk_rows(mQG, batch, head, row0, self.chunk)
-        rGlast = cute.make_rmem_tensor((VEC,), f32)
-        cute.autovec_copy(cute.local_tile(sG[valid_rows - 1, None], (VEC,), (col_tile,)), rGlast)
+        rGlast = None
+        if cutlass.const_expr(parts != "operands"):
+            rGlast = cute.make_rmem_tensor((VEC,), f32)
+            cute.autovec_copy(cute.local_tile(sG[valid_rows - 1, None], (VEC,), (col_tile,)), rGlast)
         rK = cute.make_rmem_tensor((VEC,), io)
         rG = cute.make_rmem_tensor((VEC,), f32)
         rQ = cute.make_rmem_tensor((VEC,), io)
@@ -498,11 +504,14 @@ class FusedForward:
             row = tidx // col_tiles + p * rows_per_pass
             cute.autovec_copy(cute.local_tile(sK[row, None], (VEC,), (col_tile,)), rK)
             cute.autovec_copy(cute.local_tile(sG[row, None], (VEC,), (col_tile,)), rG)
-            if cutlass.const_expr(self.output_qg):
-                cute.autovec_copy(cute.local_tile(sQ[row, None], (VEC,), (col_tile,)), rQ)
-            gate_row(rK, rG, rV[p, None] if same_rows else None, rQ, sBeta[row], rGlast, dKG, dQG, sKp, sVp,
-                     row, valid_rows, col_tile, self.output_qg)
-        if cutlass.const_expr(not same_rows):
+            if cutlass.const_expr(parts == "keys"):
+                key_gate_row(rK, rG, rGlast, dKG, row, valid_rows, col_tile)
+            else:
+                if cutlass.const_expr(self.output_qg):
+                    cute.autovec_copy(cute.local_tile(sQ[row, None], (VEC,), (col_tile,)), rQ)
+                gate_row(rK, rG, rV[p, None] if same_rows else None, rQ, sBeta[row], rGlast, dKG, dQG, sKp,
+                         sVp, row, valid_rows, col_tile, self.output_qg)
+        if cutlass.const_expr(not same_rows and parts != "keys"):
             v_col_tiles = self.head_v // VEC
             for p in cutlass.range_constexpr(cute.size(rV, mode=[0])):
                 row = tidx // v_col_tiles + p * (GROUP_THREADS // v_col_tiles)

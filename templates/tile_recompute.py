@@ -6,7 +6,8 @@ Shared by `templates/recompute_wu.py` (inputs from global memory) and `templates
 
 - `gate_row`: one row's 8 columns, from register vectors (wherever they were loaded from): Kp, Vp to
   the shared B-operand tiles, KG and QG to global. Every output element is computed here only (Vp by
-  `value_row`, which K != V calls on rows of v's own layout).
+  `value_row`, which K != V calls on rows of v's own layout; KG by `key_gate_row`, which the 8-warp fused
+  kernel calls on other warps than Kp's).
 - `store_akk`: Akk rows (register vectors) -> the shared A tile, rows >= valid_rows as zero.
 - `product`: W or U = io_RN(Akk @ B) with mma.sync m16n8k16 from the shared tiles, staged and
   stored with 16-byte row stores.
@@ -119,28 +120,33 @@ def gate_row(rK: cute.Tensor, rG: cute.Tensor, rV: cute.Tensor, rQ: cute.Tensor,
              sKp: cute.Tensor, sVp: cute.Tensor, row: cutlass.Int32, valid_rows: cutlass.Int32,
              col_tile: cutlass.Int32, output_qg: cutlass.Constexpr):
     """One row's 8 columns: Kp (and Vp, `value_row`, unless rV is None: K != V takes v in rows of its
-    own) to smem (zero past valid_rows), KG, QG to global (dKG, dQG: [chunk, K] views of this chunk's
-    rows)."""
+    own) to smem (zero past valid_rows), KG (`key_gate_row`, unless rGlast is None: another thread computes
+    it), QG to global (dKG, dQG: [chunk, K] views of this chunk's rows)."""
     f32, io = cutlass.Float32, sKp.element_type
-    is_row_valid = row < valid_rows
-    keep = cute.full((VEC,), is_row_valid, cutlass.Boolean)
-    k = rK.load().to(f32)
-    g = rG.load()
-    gate = cute.math.exp2(g, fastmath=True)
+    keep = cute.full((VEC,), row < valid_rows, cutlass.Boolean)
+    gate = cute.math.exp2(rG.load(), fastmath=True)
 
     rKp = cute.make_rmem_tensor((VEC,), io)
-    rKp.store(cute.where(keep, ((k * beta) * gate).to(io), io(0.0)))
+    rKp.store(cute.where(keep, ((rK.load().to(f32) * beta) * gate).to(io), io(0.0)))
     cute.autovec_copy(rKp, cute.local_tile(sKp[None, row], (VEC,), (col_tile,)))
     if cutlass.const_expr(rV is not None):
         value_row(rV, beta, sVp, row, valid_rows, col_tile)
-
-    rKG = cute.make_rmem_tensor((VEC,), io)
-    rKG.store((k * cute.math.exp2(rGlast.load() - g, fastmath=True)).to(io))
-    store_vec_if(rKG, cute.local_tile(dKG[row, None], (VEC,), (col_tile,)), is_row_valid)
+    if cutlass.const_expr(rGlast is not None):
+        key_gate_row(rK, rG, rGlast, dKG, row, valid_rows, col_tile)
     if cutlass.const_expr(output_qg):
         rQG = cute.make_rmem_tensor((VEC,), io)
         rQG.store((rQ.load().to(f32) * gate).to(io))
-        store_vec_if(rQG, cute.local_tile(dQG[row, None], (VEC,), (col_tile,)), is_row_valid)
+        store_vec_if(rQG, cute.local_tile(dQG[row, None], (VEC,), (col_tile,)), row < valid_rows)
+
+
+@cute.jit
+def key_gate_row(rK: cute.Tensor, rG: cute.Tensor, rGlast: cute.Tensor, dKG: cute.Tensor, row: cutlass.Int32,
+                 valid_rows: cutlass.Int32, col_tile: cutlass.Int32):
+    """One row's 8 columns of KG = io_RN(k * exp2(g_last - g)) to global (rows < valid_rows)."""
+    rKG = cute.make_rmem_tensor((VEC,), dKG.element_type)
+    rKG.store((rK.load().to(cutlass.Float32) * cute.math.exp2(rGlast.load() - rG.load(), fastmath=True))
+              .to(dKG.element_type))
+    store_vec_if(rKG, cute.local_tile(dKG[row, None], (VEC,), (col_tile,)), row < valid_rows)
 
 
 @cute.jit
