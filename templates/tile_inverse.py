@@ -245,13 +245,13 @@ def pair_tiles(S: int, warp):
 
 def left_product(sL, sX00, a, S, warp, lane):
     """T[i, j] = sum_k L[u+i, a+k] X[a+k, a+j], u = a + S, for this warp's tiles (`pair_tiles`) into
-    `product_view`. The k-steps of 8 below X's diagonal tile (k < 8n for column tile n) are all +0 terms
+    `product_view`. For column tile n the k-steps before n (k < 8n <= j) multiply X's +0 above its diagonal
     and are left out: the sum runs over k-steps n .. S/8 - 1, ascending."""
     u = a + S
     product = product_view(sL, a, S)
     for m, n in pair_tiles(S, warp):
         acc, coords = tf32x3_product(lane, *resolve(sL, u + MMA_M * m, a),
-                                     *resolve(fp32_x(sL, sX00, a), a, a + MMA_N * n), n, S // MMA_K, S // MMA_K)
+                                     *resolve(fp32_x(sL, sX00, a), a, a + MMA_N * n), n, S // MMA_K)
         for v in range(cute.size(coords)):
             product[MMA_M * m + coords[v][0], MMA_N * n + coords[v][1]] = acc[v]
 
@@ -266,7 +266,7 @@ def right_product(sL, sX, sX00, a, S, warp, lane):
     keep = fp32_x(sL, sX00, u) if 2 * S < C else None
     for m, n in pair_tiles(S, warp):
         acc, coords = tf32x3_product(lane, *resolve(fp32_x(sL, sX00, u), u + MMA_M * m, u),
-                                     *resolve(product_view(sL, a, S), 0, MMA_N * n), 0, 2 * m + 2, S // MMA_K)
+                                     *resolve(product_view(sL, a, S), 0, MMA_N * n), 0, 2 * m + 2)
         for v in range(cute.size(coords)):
             row, col = u + MMA_M * m + coords[v][0], a + MMA_N * n + coords[v][1]
             x = finalize(acc[v], 0, 0, False)
@@ -286,11 +286,11 @@ def resolve(t, row: int, col: int):
 @cute.jit
 def tf32x3_product(lane: cutlass.Int32, sA: cute.Tensor, a_row: cutlass.Int32, a_col: cutlass.Int32,
                    sB: cute.Tensor, b_row: cutlass.Int32, b_col: cutlass.Int32, step_begin: cutlass.Int32,
-                   step_end: cutlass.Int32, steps: cutlass.Constexpr):
+                   step_end: cutlass.Int32):
     """One warp's 16 x 8 product sum_k A[i, k] B[k, j] over the k-steps [step_begin, step_end) of 8, with
     A[i, k] = sA[a_row + i, a_col + k] and B[k, j] = sB[b_row + k, b_col + j] (fp32 shared tensors, any
-    layout: each fragment element is read at its own coordinate). `steps` bounds the k-steps. Returns (the
-    accumulator fragment, its (i, j) coordinates).
+    layout: each fragment element is read at its own coordinate). Returns (the accumulator fragment, its
+    (i, j) coordinates).
 
     3xTF32: each fp32 operand x splits exactly into x_hi (its TF32 bits: sign, exponent, 10 mantissa bits)
     and x_lo = x - x_hi (`sub.f32`, exact); per k-step, ascending, three `mma.sync m16n8k8 tf32` into one
