@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+from cutlass.cute.nvgpu import warp
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
 from kdajit.keys import ALIGN_BY_KIND, VARLEN_MODES
@@ -28,6 +29,12 @@ RN = cute.math.RoundingMode.NEAREST_EVEN
 DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}  # beta
 IO_TYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}  # q, k, v and the 16-bit outputs (key.io_dtype)
 CU_SEQLENS_DTYPES = {"cu32": cutlass.Int32, "cu64": cutlass.Int64}
+TF32_MMA_SHAPE = (16, 8, 8)  # mma.sync m16n8k8 tf32: the intra blocks' products and the inverse's merges
+
+
+def make_tf32_mma() -> cute.TiledMma:
+    """One warp's `mma.sync m16n8k8` on tf32 operands with fp32 accumulate: every warp owns whole output tiles."""
+    return cute.make_tiled_mma(warp.MmaTF32Op(TF32_MMA_SHAPE), cute.make_layout((1, 1, 1)))
 
 
 class SymbolicShapes:

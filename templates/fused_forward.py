@@ -64,16 +64,15 @@ from cutlass.memory import SmemAllocator
 from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, HEAD_DIMS, LOADS_AHEAD, RASTER_ORDERS,
                          VARLEN_MODES, FusedForwardKey)
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
-                                    make_struct, qk_head, sync_group)
-from kdajit.templates.tile_intra import (beta_row, intra_tile, load_rows, make_intra_mma, warp_schedule,
-                                         make_row_copy, padded_pitch, padded_tile_layout)
+                                    make_struct, make_tf32_mma, qk_head, sync_group)
+from kdajit.templates.tile_intra import (beta_row, intra_tile, load_rows, warp_schedule, make_row_copy,
+                                         padded_pitch, padded_tile_layout)
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_elements, l_tile_layout,
                                            make_akk_store_copy, make_l_load_copy, store_akk_rows, x00_layout,
                                            zero_rows_from)
 from kdajit.templates.tile_recompute import (PRODUCT_BARRIERS, VEC, RecomputeLayouts, gate_row, key_gate_row,
-                                             make_recompute_mma,
-                                             product_threads, products_by_groups, products_w_u, row_fragments,
-                                             store_akk, value_row)
+                                             make_recompute_mma, product_threads, products_by_groups, products_w_u,
+                                             row_fragments, store_akk, value_row)
 
 # 4 warps: the inverse, the gate rows and the W/U products are written for one group of 4 warps (all of
 # a 4-warp CTA; in an 8-warp CTA group 0 = warps 0-3 inverts and multiplies W, group 1 = warps 4-7
@@ -192,7 +191,7 @@ class FusedForward:
                                                                       self.io)
         self.smem_struct, self.inverse_work, self.recompute_work = smem_struct, inverse_work, recompute_work
         self.kernel(mQ, mK, mV, mGk, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, scale,
-                    tiles[0], make_intra_mma(), make_row_copy(self.io, self.head_k, self.num_threads),
+                    tiles[0], make_tf32_mma(), make_row_copy(self.io, self.head_k, self.num_threads),
                     make_row_copy(f32, self.head_k, self.num_threads), make_l_load_copy(self.num_threads, self.chunk),
                     make_akk_store_copy(GROUP_THREADS, self.io, self.chunk), make_recompute_mma(self.chunk, self.io),
                     layouts.akk, layouts.kp, layouts.vp, layouts.out_w, layouts.out_u).launch(

@@ -62,9 +62,9 @@ from cutlass.memory import SmemAllocator
 
 from kdajit.keys import ARCHS, CHUNK_SIZES, HEAD_DIMS, VARLEN_MODES, IntraKey
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
-                                    make_struct, qk_head)
-from kdajit.templates.tile_intra import (NUM_WARPS, intra_tile, load_beta, load_rows, make_intra_mma,
-                                         make_row_copy, padded_pitch, padded_tile_layout, warp_schedule)
+                                    make_struct, make_tf32_mma, qk_head)
+from kdajit.templates.tile_intra import (NUM_WARPS, intra_tile, load_beta, load_rows, make_row_copy, padded_pitch,
+                                         padded_tile_layout, warp_schedule)
 
 
 def intra_smem_struct(chunk: int, head_k: int, io):
@@ -109,7 +109,7 @@ class KdaIntra:
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mGk: cute.Tensor, mBeta: cute.Tensor,
                  mAqk: cute.Tensor, mL: cute.Tensor, mCuSeqlens: cute.Tensor,
                  scale: cutlass.Float32, stream: cuda.CUstream):
-        tiled_mma = make_intra_mma()
+        tiled_mma = make_tf32_mma()
         copy_qk = make_row_copy(self.io, self.head_k, self.num_threads)
         copy_g = make_row_copy(cutlass.Float32, self.head_k, self.num_threads)
         self.kernel(mQ, mK, mGk, mBeta, mAqk, mL, mCuSeqlens, scale, tiled_mma, copy_qk,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.nvgpu import cpasync, warp
+from cutlass.cute.nvgpu import cpasync
 
 from kdajit.templates.common import RN
 
@@ -92,11 +92,6 @@ def padded_pitch(dtype, cols: int) -> int:
 def padded_tile_layout(dtype, rows: int, cols: int):
     """Row-major [rows, cols] shared layout with a PAD_BYTES row pad (conflict-free fragment reads)."""
     return cute.make_layout((rows, cols), stride=(padded_pitch(dtype, cols), 1))
-
-
-def make_intra_mma() -> cute.TiledMma:
-    """One warp per tiled TF32 MMA (m16n8k8): every warp owns whole 16x16 output blocks."""
-    return cute.make_tiled_mma(warp.MmaTF32Op((SUB, 8, MMA_K)), cute.make_layout((1, 1, 1)))
 
 
 def make_row_copy(dtype, cols: int, num_threads: int) -> cute.TiledCopy:

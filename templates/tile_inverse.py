@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.nvgpu import warp
 
-from kdajit.templates.common import RN, sync_group
+from kdajit.templates.common import RN, TF32_MMA_SHAPE, make_tf32_mma, sync_group
 
 _PANEL = 4  # columns per panel: one 16-byte shared load of 4 fp32 L values per row
 BLOCK = 16  # rows of the diagonal blocks inverted by forward substitution
 NUM_WARPS = 4
-MMA_M, MMA_N, MMA_K = 16, 8, 8  # the merges' mma.sync m16n8k8 tf32 tile
+MMA_M, MMA_N, MMA_K = TF32_MMA_SHAPE  # the merges' output tile (16 x 8) and k-step (8)
 TF32_BITS = 0xFFFFE000  # of an fp32 value: sign, exponent and the 10 mantissa bits a TF32 operand keeps
 L_PAD = 4  # fp32 elements after each row of the L tile (`l_tile_layout`)
 
@@ -297,7 +296,7 @@ def tf32x3_product(lane: cutlass.Int32, sA: cute.Tensor, a_row: cutlass.Int32, a
     fp32 accumulator from +0: A_lo B_hi, then A_hi B_lo, then A_hi B_hi (A_lo B_lo is left out). The tensor
     core reads x_lo's TF32 bits only."""
     f32 = cutlass.Float32
-    tiled_mma = cute.make_tiled_mma(warp.MmaTF32Op((MMA_M, MMA_N, MMA_K)), cute.make_layout((1, 1, 1)))
+    tiled_mma = make_tf32_mma()
     thr = tiled_mma.get_slice(lane)
     cA = thr.partition_A(cute.make_identity_tensor((MMA_M, MMA_K)))[None, None, 0]  # (i, k) per element
     cB = thr.partition_B(cute.make_identity_tensor((MMA_N, MMA_K)))[None, None, 0]  # (j, k) per element
