@@ -2,6 +2,10 @@
 
     python benchmarks/fused_phases.py --export DIR [--chunk 32]     # compile the variants (works without a GPU)
     python benchmarks/fused_phases.py [--objects DIR] [--chunk 32] [--json out.json]   # time them on the GPU
+    ncu --profile-from-start off --clock-control none --set full -o OUT \
+        python benchmarks/fused_phases.py --objects DIR --only tile-w8.all --profile    # one launch, under ncu
+
+`--only CONFIG.VARIANT ...` restricts export, timing and profiling to those variants.
 
 Each variant is the fused kernel (templates/fused_forward.py) of one configuration with a subset of
 its phases: loads (q, k, g cp.async, v, beta), intra (Aqk, L), inverse (Akk), recompute (KG, W, U).
@@ -40,19 +44,32 @@ def variant_kernel(config_name: str, phases: tuple[str, ...], chunk: int):
     return key, kernel
 
 
-def export(directory: str, chunk: int) -> None:
+def selected(only: list[str] | None) -> list[tuple[str, str]]:
+    """(config, variant) pairs to run: all, or those named CONFIG.VARIANT in `only`."""
+    pairs = [(config_name, name) for config_name in CONFIGS for name in VARIANTS]
+    if not only:
+        return pairs
+    unknown = sorted(set(only) - {f"{c}.{n}" for c, n in pairs})
+    if unknown:
+        raise SystemExit(f"--only: unknown variant(s) {unknown}; expected CONFIG.VARIANT with CONFIG in "
+                         f"{list(CONFIGS)} and VARIANT in {list(VARIANTS)}")
+    return [(c, n) for c, n in pairs if f"{c}.{n}" in only]
+
+
+def export(directory: str, chunk: int, only: list[str] | None) -> None:
     from kdajit import compiler
 
     os.makedirs(directory, exist_ok=True)
-    for config_name in CONFIGS:
-        for name, phases in VARIANTS.items():
-            key, kernel = variant_kernel(config_name, phases, chunk)
-            compiled = compiler.compile_template(kernel, key.arch)
-            compiler.export_object(compiled, os.path.join(directory, f"{config_name}.{name}.o"))
-            print(f"{config_name} {name}: compiled in {compiled.kdajit_compile_s:.1f} s", flush=True)
+    for config_name, name in selected(only):
+        key, kernel = variant_kernel(config_name, VARIANTS[name], chunk)
+        compiled = compiler.compile_template(kernel, key.arch)
+        compiler.export_object(compiled, os.path.join(directory, f"{config_name}.{name}.o"))
+        print(f"{config_name} {name}: compiled in {compiled.kdajit_compile_s:.1f} s", flush=True)
 
 
-def time_variants(objects: str | None, chunk: int) -> list[dict]:
+def time_variants(objects: str | None, chunk: int, only: list[str] | None, profile: bool) -> list[dict]:
+    """Median times of the selected variants; with `profile`, instead one launch of each between
+    cudaProfilerStart and cudaProfilerStop (for `ncu --profile-from-start off`), after a warm-up."""
     import torch
     import triton.testing
 
@@ -66,23 +83,33 @@ def time_variants(objects: str | None, chunk: int) -> list[dict]:
     qg = torch.zeros(1, 1, 1, 128, dtype=torch.bfloat16, device="cuda")
     dummy = torch.zeros(1, dtype=torch.int32, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    inputs = {n: x[n] for n in ("q", "k", "v", "gk", "beta")}
     results = []
-    for config_name, fields in CONFIGS.items():
-        config = FusedConfig(**fields)
+    for config_name, name in selected(only):
+        config = FusedConfig(**CONFIGS[config_name])
         max_ctas = sms * config.ctas_per_sm if config.persistent else 1
-        for name, phases in VARIANTS.items():
-            if objects:
-                fn = compiler.load_object(os.path.join(objects, f"{config_name}.{name}.o"))
-            else:
-                key, kernel = variant_kernel(config_name, phases, chunk)
-                fn = compiler.callable_of(compiler.compile_template(kernel, key.arch))
-            inputs = {n: x[n] for n in ("q", "k", "v", "gk", "beta")}
-            call = lambda: api._launch(fn, FusedForwardKey, **inputs, Aqk=outs[0], Akk=outs[1], w=outs[2],
-                                       u=outs[3], kg=outs[4], qg=qg, cu_seqlens=dummy,
-                                       scale=128 ** -0.5, max_ctas=max_ctas)
-            ms = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
-            results.append({"config": config_name, "variant": name, "phases": list(phases), "chunk": chunk, "ms": ms})
-            print(f"| {config_name} | {name} | {ms:.3f} |", flush=True)
+        phases = VARIANTS[name]
+        if objects:
+            fn = compiler.load_object(os.path.join(objects, f"{config_name}.{name}.o"))
+        else:
+            key, kernel = variant_kernel(config_name, phases, chunk)
+            fn = compiler.callable_of(compiler.compile_template(kernel, key.arch))
+        call = lambda: api._launch(fn, FusedForwardKey, **inputs, Aqk=outs[0], Akk=outs[1], w=outs[2],
+                                   u=outs[3], kg=outs[4], qg=qg, cu_seqlens=dummy,
+                                   scale=128 ** -0.5, max_ctas=max_ctas)
+        if profile:
+            for _ in range(5):
+                call()
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+            call()
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+            print(f"profiled {config_name}.{name}", flush=True)
+            continue
+        ms = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
+        results.append({"config": config_name, "variant": name, "phases": list(phases), "chunk": chunk, "ms": ms})
+        print(f"| {config_name} | {name} | {ms:.3f} |", flush=True)
     return results
 
 
@@ -92,12 +119,16 @@ def main(argv=None) -> int:
     parser.add_argument("--objects", metavar="DIR", help="load the variants from DIR instead of compiling")
     parser.add_argument("--chunk", type=int, choices=(32, 64), default=64, help="chunk size (default 64)")
     parser.add_argument("--json", help="write the timings here")
+    parser.add_argument("--only", nargs="+", metavar="CONFIG.VARIANT", help="only these variants (e.g. tile-w8.all)")
+    parser.add_argument("--profile", action="store_true",
+                        help="launch each variant once between cudaProfilerStart/Stop (for ncu) instead of timing")
     args = parser.parse_args(argv)
     if args.export:
-        export(args.export, args.chunk)
+        export(args.export, args.chunk, args.only)
         return 0
-    print("| config | phases kept | ms |\n|---|---|---|")
-    results = time_variants(args.objects, args.chunk)
+    if not args.profile:
+        print("| config | phases kept | ms |\n|---|---|---|")
+    results = time_variants(args.objects, args.chunk, args.only, args.profile)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

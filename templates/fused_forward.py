@@ -388,7 +388,8 @@ class FusedForward:
         sA, sKp, sVp, sOutW, sOutU = smem[7:]
         C = self.chunk
         products_by_groups(wu_mma, sA, sKp, sVp, sOutW, sOutU, chunk_rows(mW, batch, head, row0, C),
-                           chunk_rows(mU, batch, head, row0, C), valid_rows, group_tidx, first_group)
+                           chunk_rows(mU, batch, head, row0, C), valid_rows, group_tidx, first_group,
+                           one_copy=product_threads(C) == GROUP_THREADS)
 
     @cute.jit
     def one_group_tile(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, ops: cutlass.Constexpr,

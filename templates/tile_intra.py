@@ -207,17 +207,12 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
     # g[16a, d] for every (row, d) of a 16-row block: a stride-0 view of the block's first row.
     sRef = cute.make_tensor(cute.domain_offset((SUB * a, 0), sG).iterator,
                             cute.make_layout(sub, stride=(0, 1)))
-    cSub = cute.make_identity_tensor(sub)
 
     # A side: rows of block a, shared by every column block of the group.
     tAsQ = thr_mma.partition_A(cute.local_tile(sQ, sub, (a, 0)))
     tAsK = thr_mma.partition_A(cute.local_tile(sK, sub, (a, 0)))
     tAsG = thr_mma.partition_A(cute.local_tile(sG, sub, (a, 0)))
     tAsRef = thr_mma.partition_A(sRef)
-    tAcA = thr_mma.partition_A(cSub)
-    rowValid = cute.make_rmem_tensor(tAcA[None, None, 0].shape, cutlass.Boolean)
-    for v in cutlass.range_constexpr(cute.size(rowValid)):
-        rowValid[v] = SUB * a + tAcA[None, None, 0][v][0] < valid_rows
     rQA = cute.make_rmem_tensor(tAsG[None, None, 0].shape, cutlass.Float32)
     rKA = cute.make_rmem_tensor(tAsG[None, None, 0].shape, cutlass.Float32)
 
@@ -225,11 +220,6 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
     tBsK = [thr_mma.partition_B(cute.local_tile(sK, sub, (b, 0))) for b in col_blocks]
     tBsG = [thr_mma.partition_B(cute.local_tile(sG, sub, (b, 0))) for b in col_blocks]
     tBsRef = thr_mma.partition_B(sRef)
-    tBcB = thr_mma.partition_B(cSub)
-    colValid = [cute.make_rmem_tensor(tBcB[None, None, 0].shape, cutlass.Boolean) for _ in col_blocks]
-    for n in cutlass.range_constexpr(len(col_blocks)):
-        for v in cutlass.range_constexpr(cute.size(colValid[n])):
-            colValid[n][v] = SUB * col_blocks[n] + tBcB[None, None, 0][v][0] < valid_rows
     rKB = cute.make_rmem_tensor(tBsG[0][None, None, 0].shape, cutlass.Float32)
 
     cC = thr_mma.partition_C(cute.make_identity_tensor((SUB, SUB)))
@@ -242,6 +232,9 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
     # ///////////////////////////////////////////////////////////////////////////////
     #  MAINLOOP: one accumulator chain per 16x8 tile over d, ascending
     # ///////////////////////////////////////////////////////////////////////////////
+    # Rows >= valid_rows of the shared tiles hold whatever was there (they are never loaded) and enter the
+    # products unmasked: an A row i only reaches output row i, which is not stored, and a B column j >= valid_rows
+    # only reaches output column j > i of a valid row i, in a diagonal block, where the epilogue's select puts 0.
     if cutlass.const_expr(exact):
         exact_diagonal(sQ, sK, sG, a, cC, accQK[0], accKK[0], unroll)
     else:
@@ -252,15 +245,11 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
                 refA = refA - cutlass.Float32(DIAG_SHIFT)
                 refB = refB - cutlass.Float32(DIAG_SHIFT)
             gateA = cute.math.exp2(tAsG[None, None, kk].load() - refA, fastmath=True)
-            rQA.store(cute.where(rowValid.load(), tAsQ[None, None, kk].load().to(cutlass.Float32) * gateA,
-                                 cutlass.Float32(0.0)))
-            rKA.store(cute.where(rowValid.load(), tAsK[None, None, kk].load().to(cutlass.Float32) * gateA,
-                                 cutlass.Float32(0.0)))
+            rQA.store(tAsQ[None, None, kk].load().to(cutlass.Float32) * gateA)
+            rKA.store(tAsK[None, None, kk].load().to(cutlass.Float32) * gateA)
             for n in cutlass.range_constexpr(len(col_blocks)):
                 gateB = cute.math.exp2(refB - tBsG[n][None, None, kk].load(), fastmath=True)
-                rKB.store(cute.where(colValid[n].load(),
-                                     tBsK[n][None, None, kk].load().to(cutlass.Float32) * gateB,
-                                     cutlass.Float32(0.0)))
+                rKB.store(tBsK[n][None, None, kk].load().to(cutlass.Float32) * gateB)
                 tf32KB = cute.recast_tensor(rKB, cutlass.TFloat32)
                 cute.gemm(tiled_mma, accQK[n], cute.recast_tensor(rQA, cutlass.TFloat32), tf32KB, accQK[n])
                 cute.gemm(tiled_mma, accKK[n], cute.recast_tensor(rKA, cutlass.TFloat32), tf32KB, accKK[n])

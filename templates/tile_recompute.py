@@ -89,6 +89,14 @@ def store_vec_if(rVec: cute.Tensor, gVec: cute.Tensor, pred: cutlass.Boolean):
 
 
 @cute.jit
+def zero_unless(rVec: cute.Tensor, keep: cutlass.Boolean):
+    """rVec (8 16-bit values) <- +0 unless `keep`: one select per 32-bit word (two values), the same bits as a
+    select per value without unpacking the pairs."""
+    words = cute.recast_tensor(rVec, cutlass.Int32)
+    words.store(cute.where(cute.full((VEC // 2,), keep, cutlass.Boolean), words.load(), cutlass.Int32(0)))
+
+
+@cute.jit
 def store_akk(rA: cute.Tensor, sA: cute.Tensor, valid_rows: cutlass.Int32, tidx: cutlass.Int32,
               num_threads: cutlass.Constexpr):
     """Akk rows in registers (thread t: 16-byte column tile t % 8 of rows t // 8 + 16p) -> sA, rows
@@ -98,8 +106,7 @@ def store_akk(rA: cute.Tensor, sA: cute.Tensor, valid_rows: cutlass.Int32, tidx:
     col_tile = tidx % chunks_per_row
     for p in cutlass.range_constexpr(cute.size(rA, mode=[0])):
         row = tidx // chunks_per_row + p * rows_per_pass
-        keep = cute.full((VEC,), row < valid_rows, cutlass.Boolean)
-        rA[p, None].store(cute.where(keep, rA[p, None].load(), rA.element_type(0.0)))
+        zero_unless(rA[p, None], row < valid_rows)
         cute.autovec_copy(rA[p, None], cute.local_tile(sA[row, None], (VEC,), (col_tile,)))
 
 
@@ -108,9 +115,9 @@ def value_row(rV: cute.Tensor, beta: cutlass.Float32, sVp: cute.Tensor, row: cut
               valid_rows: cutlass.Int32, col_tile: cutlass.Int32):
     """One row's 8 columns of Vp = io_RN(v * beta) to smem (zero past valid_rows)."""
     f32, io = cutlass.Float32, sVp.element_type
-    keep = cute.full((VEC,), row < valid_rows, cutlass.Boolean)
     rVp = cute.make_rmem_tensor((VEC,), io)
-    rVp.store(cute.where(keep, (rV.load().to(f32) * beta).to(io), io(0.0)))
+    rVp.store((rV.load().to(f32) * beta).to(io))
+    zero_unless(rVp, row < valid_rows)
     cute.autovec_copy(rVp, cute.local_tile(sVp[None, row], (VEC,), (col_tile,)))
 
 
@@ -123,11 +130,11 @@ def gate_row(rK: cute.Tensor, rG: cute.Tensor, rV: cute.Tensor, rQ: cute.Tensor,
     own) to smem (zero past valid_rows), KG (`key_gate_row`, unless rGlast is None: another thread computes
     it), QG to global (dKG, dQG: [chunk, K] views of this chunk's rows)."""
     f32, io = cutlass.Float32, sKp.element_type
-    keep = cute.full((VEC,), row < valid_rows, cutlass.Boolean)
     gate = cute.math.exp2(rG.load(), fastmath=True)
 
     rKp = cute.make_rmem_tensor((VEC,), io)
-    rKp.store(cute.where(keep, ((rK.load().to(f32) * beta) * gate).to(io), io(0.0)))
+    rKp.store(((rK.load().to(f32) * beta) * gate).to(io))
+    zero_unless(rKp, row < valid_rows)
     cute.autovec_copy(rKp, cute.local_tile(sKp[None, row], (VEC,), (col_tile,)))
     if cutlass.const_expr(rV is not None):
         value_row(rV, beta, sVp, row, valid_rows, col_tile)
@@ -196,13 +203,15 @@ PRODUCT_BARRIERS = (1, 2)
 @cute.jit
 def products_by_groups(tiled_mma: cute.TiledMma, sA: cute.Tensor, sKp: cute.Tensor, sVp: cute.Tensor,
                        sOutW: cute.Tensor, sOutU: cute.Tensor, dW: cute.Tensor, dU: cute.Tensor,
-                       valid_rows: cutlass.Int32, group_tidx: cutlass.Int32, first_group: cutlass.Boolean):
+                       valid_rows: cutlass.Int32, group_tidx: cutlass.Int32, first_group: cutlass.Boolean,
+                       one_copy: cutlass.Constexpr = False):
     """W by the first group of `product_threads` threads while the second multiplies U (`group_tidx`: the thread's
-    index in its group), each group on its own named barrier (PRODUCT_BARRIERS). When W and U have one layout
-    (K == V) both groups run one copy of the code, each picking its tiles, output rows and barrier at run time
-    (code size, docs/performance.md)."""
+    index in its group), each group on its own named barrier (PRODUCT_BARRIERS). `one_copy` (only where W and U
+    have one layout, K == V): both groups run one copy of the code, each picking its tiles, output rows and barrier
+    at run time. It pays in the 8-warp kernel at chunk 64 (code size) and costs 4-warp chunk-32 tiles ~7%
+    (docs/performance.md), so the callers choose; the products' bits are the same either way."""
     threads = product_threads(cute.size(sA, mode=[0]))
-    if cutlass.const_expr(cute.size(sKp, mode=[0]) == cute.size(sVp, mode=[0])):
+    if cutlass.const_expr(one_copy and cute.size(sKp, mode=[0]) == cute.size(sVp, mode=[0])):
         barrier = (cutlass.select_(first_group, PRODUCT_BARRIERS[0], PRODUCT_BARRIERS[1]), threads)
         product_of_group(tiled_mma, sA, pick_tensor(first_group, sKp, sVp, 1024),
                          pick_tensor(first_group, sOutW, sOutU, 1024), pick_tensor(first_group, dW, dU, 16),
