@@ -22,10 +22,11 @@ shared memory, so the A operand is bit-identical. Rows >= v hold values (clamped
 replaced by zero with a select or never stored, exactly as in the standalone kernels.
 
 With 8 warps (`FusedConfig.warps`, no QG, loads_ahead 0; `two_group_tile`) the same phases run on two
-groups of 4 warps: the intra blocks are spread over all 8 warps (tile_intra.WARP_GROUPS_8); then group 0
-(warps 0-3) runs phase 3, stages the A tile and computes KG while group 1 (warps 4-7) loads v and computes
-Kp and Vp, writing Kp into q's buffer (q is consumed by then; the work region still holds L); then group 0
-multiplies and stores W while group 1 multiplies and stores U. Each group synchronizes on its own named
+groups of 4 warps: the intra blocks are spread over all 8 warps (tile_intra.WARP_GROUPS_8), and group 1
+(warps 4-7), whose diagonal blocks are the shorter, then issues its v loads and computes KG while group 0
+finishes; then group 0 (warps 0-3) runs phase 3 and stages the A tile while group 1 computes Kp and Vp,
+writing Kp into q's buffer (q is consumed by then; the work region still holds L); then group 0 multiplies
+and stores W while group 1 multiplies and stores U. Each group synchronizes on its own named
 barrier; every element still comes from the same device function on the same operands.
 
 Every 16-bit tensor (q, k, v, Akk and the outputs) has the key's io dtype, bf16 or fp16. Grouped value
@@ -332,10 +333,10 @@ class FusedForward:
     def two_group_tile(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, ops: cutlass.Constexpr,
                        scale: cutlass.Float32, batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
                        valid_rows: cutlass.Int32, rV: cute.Tensor, rBeta: cute.Tensor):
-        """Phases 2-4 with 8 warps (no QG): the intra blocks over all 8 warps (WARP_GROUPS_8); then group 0
-        (warps 0-3) inverts, stores Akk, stages the A tile and computes KG while group 1 (warps 4-7) loads v
-        and computes Kp (into q's buffer) and Vp; then group 0 multiplies W while group 1 multiplies U.
-        Every element comes from the same device function, on the same operands, as in `one_group_tile`."""
+        """Phases 2-4 with 8 warps (no QG): the intra blocks over all 8 warps (WARP_GROUPS_8), after which
+        group 1 (warps 4-7) issues its v loads and computes KG; then group 0 (warps 0-3) inverts, stores Akk
+        and stages the A tile while group 1 computes Kp (into q's buffer) and Vp; then group 0 multiplies W
+        while group 1 multiplies U. Every element comes from the same device function, on the same operands, as in `one_group_tile`."""
         mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens = tensors
         sQ, sK, sG, sBeta, sL, sX00, sX, sA, sKp, sVp, sOutW, sOutU = smem
         intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma = ops
@@ -348,9 +349,16 @@ class FusedForward:
             intra_tile(intra_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, C), sL, warp_idx,
                        lane, valid_rows, scale, warp_schedule(8, self.safe_gate, C), self.safe_gate)
             zero_rows_from(l_copy, sL, tidx, valid_rows)
+        recompute = cutlass.const_expr("recompute" in self.phases)
+        if cutlass.const_expr(recompute):
+            # Group 1's intra blocks (the diagonal ones) are the shorter: its v loads and KG (which reads only
+            # k and g) fill the wait for group 0's, off group 0's inverse path.
+            if not first_group:
+                self.load_v_rows(mV, batch, head, row0, valid_rows, group_tidx, rV)
+                self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
+                               batch, head, row0, valid_rows, group_tidx, "keys")
         cute.arch.sync_threads()  # L complete; q consumed (its buffer becomes Kp)
 
-        recompute = cutlass.const_expr("recompute" in self.phases)
         if first_group:
             if cutlass.const_expr("inverse" in self.phases):
                 invert_tile(sL, sX, sX00, warp_idx, lane, GROUP_BARRIERS[0])
@@ -360,11 +368,8 @@ class FusedForward:
                 rA = self.akk_rows_from_smem(sX, group_tidx)
                 sync_group(GROUP_BARRIERS[0])  # the group has read sX and sL: the work region is free
                 store_akk(rA, sA, valid_rows, group_tidx, GROUP_THREADS)
-                self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
-                               batch, head, row0, valid_rows, group_tidx, "keys")
         else:
             if cutlass.const_expr(recompute):
-                self.load_v_rows(mV, batch, head, row0, valid_rows, group_tidx, rV)
                 self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
                                batch, head, row0, valid_rows, group_tidx, "operands")
         cute.arch.sync_threads()  # the A tile, Kp and Vp complete
