@@ -14,7 +14,9 @@
 # the FLA-backend tests), stressconfigs (replays under other fused configurations), sanitizer
 # (compute-sanitizer, docs/reliability.md; SANITIZER_TOOLS picks tools, SANITIZER_K the tests), probe (racecheck of
 # benchmarks/racecheck_probe.py, with and without named barriers), anygate (tests/test_gpu_any_gate.py but the FLA
-# ratios), anygate_fla (those), benchany (bench_forward --gate any, main rows; BENCH_CONFIGS). A stage named bg:STAGE runs
+# ratios), anygate_fla (those), benchany (bench_forward --gate any, main rows; BENCH_CONFIGS), ncu (Nsight Compute on one
+# launch of the fused_phases variants NCU_VARIANTS, default tile-w8.all, summarized by benchmarks/ncu_report.py; needs a
+# machine whose runtime lets ncu read the counters: Firecracker, not gVisor). A stage named bg:STAGE runs
 # beside the stages after it (its failure status is not kept; read its log); `wait` joins it.
 # Each stage has its own time limit; logs and JSON go to $OUT (or ./out). The bundle (.gpu) supplies
 # CuTe DSL, TVM-FFI and FLA. `bash benchmarks/h200_precompile.sh` cross-compiles on the CPU machine every
@@ -160,6 +162,12 @@ run_stage() {
           -k "${SANITIZER_K:-empty_sequences or random_varlen or forward_equals or standalone_varlen or c2-head-a1}"
       done
       unset PYTORCH_NO_CUDA_MEMORY_CACHING ;;
+    ncu)  # the report, the SASS table (ncu_sass.csv.gz) and its summary (ncu_report.md) go to $out
+      stage ncu "${NCU_LIMIT:-240}" ncu --profile-from-start off --clock-control none --set full -f -o "$out/ncu" \
+        python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases --only ${NCU_VARIANTS:-tile-w8.all} --profile
+      ncu -i "$out/ncu.ncu-rep" --page details >"$out/ncu_details.txt" 2>&1
+      ncu -i "$out/ncu.ncu-rep" --page source --csv --print-source sass | gzip >"$out/ncu_sass.csv.gz"
+      stage ncu_report 60 python3 benchmarks/ncu_report.py "$out/ncu_sass.csv.gz" ;;
     *) echo "unknown stage $what"; status=2 ;;
   esac
 }
