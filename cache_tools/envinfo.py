@@ -56,7 +56,8 @@ def report(root: Path | None) -> dict:
         "cache": {"mode": env.cache_mode(), "root": _dir_state(root),
                   "root_source": "KDAJIT_CACHE_DIR" if env.cache_dir() else "platformdirs user cache dir"},
         "locks": {**_dir_state(lock_dir), "timeout_s": env.lock_timeout_s(), "refused": refused},
-        "loader": {"mode": env.object_loader(), "linked_unavailable": linked_loader.unavailable_reason()},
+        "loader": {"mode": env.object_loader(), "linked": linked_loader.uses_linked(env.object_loader()),
+                   "linked_unavailable": linked_loader.unavailable_reason()},
         "disable_jit": env.disable_jit(),
         "force_recompile": env.force_recompile(),
         "arch": arch, "arch_error": arch_error,
@@ -87,8 +88,9 @@ def run(root: Path | None, as_json: bool) -> int:
     print(f"arch:         {doc['arch'] or 'error: ' + str(doc['arch_error'])} ({doc['arch_source']})")
     print(f"disable_jit:  {doc['disable_jit']}   force_recompile: {doc['force_recompile']}")
     why = doc["loader"]["linked_unavailable"]
-    print(f"loader:       {doc['loader']['mode']} (KDAJIT_LOADER=linked "
-          f"{'available' if why is None else 'would fall back to dsl: ' + why})")
+    how = "linked" if doc["loader"]["linked"] else "through the DSL"
+    print(f"loader:       {doc['loader']['mode']}: cached kernels load {how} "
+          f"(the linked loader is {'available' if why is None else 'unavailable: ' + why})")
     tc = doc["toolchain"]
     print(f"toolchain:    tc-{tc['fingerprint']}")
     comp = tc["components"]

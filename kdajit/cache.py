@@ -27,7 +27,8 @@ import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
-from kdajit import cache_files, cache_layout, cache_load, cache_locks, cache_publish, compiler, env, hints
+from kdajit import (cache_files, cache_layout, cache_load, cache_locks, cache_publish, compiler, env, hints,
+                    linked_loader)
 from kdajit.cache_entry import EntryCheck, build_meta, check_entry
 from kdajit.cache_layout import cache_root
 from kdajit.cache_toolchain import toolchain_components, toolchain_fingerprint
@@ -176,7 +177,7 @@ class DiskCache:
         if not check.ok:
             self._reject(key, check)
             return None
-        linked = env.object_loader() == "linked"  # a bad value raises here, not as a "corrupt" entry below
+        linked = linked_loader.uses_linked(env.object_loader())  # a bad value raises here, not as "corrupt" below
         t0 = time.perf_counter()
         try:
             fn = cache_load.load_verified(check.artifact, linked)

@@ -17,7 +17,7 @@ from kdajit.cache_layout import ARTIFACT
 def load_verified(artifact: bytes, linked: bool = False) -> Callable:
     """Load the object `artifact` (bytes already verified); raises on a bad object.
 
-    `linked` (KDAJIT_LOADER=linked): through kdajit.linked_loader, without the DSL, unless that fails.
+    `linked` (`linked_loader.uses_linked`): through kdajit.linked_loader, without the DSL, unless that fails.
     """
     with tempfile.TemporaryDirectory(prefix="kdajit-load-") as tmp:  # 0700, ours
         path = os.path.join(tmp, ARTIFACT)

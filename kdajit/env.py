@@ -17,7 +17,7 @@
 | KDAJIT_AUTOTUNE | `off` (reference configuration), `cached` (a stored tuning record, else the reference), `on` (tune a workload bucket without a record on first use), `force` (re-time every candidate on first use) | cached |
 | KDAJIT_STRICT_BITWISE | 1: a tuning candidate whose outputs differ from the reference configuration's raises instead of being excluded with a warning | 0 |
 | KDAJIT_CACHE_RO_DIRS | read-only cache layers searched after the writable root for kernels and tuning records (`os.pathsep`-separated; listing one trusts its native code) | - |
-| KDAJIT_LOADER | how cached objects load: `dsl` (CuTe DSL's loader: imports the DSL, ~2.5 s once per process) or `linked` (linked into a shared library with the system C compiler, `CC` or `cc`, and loaded by TVM-FFI alone; the DSL is imported only to compile; at the first failed link the process warns once and uses `dsl`) | dsl |
+| KDAJIT_LOADER | how cached objects load: `linked` (linked into a shared library with the system C compiler, `CC` or `cc`, and loaded by TVM-FFI alone; the DSL is imported only to compile; at the first failed link the process warns once and uses `dsl`), `dsl` (CuTe DSL's loader: imports the DSL, ~2.5 s once per process) or `auto` (`linked` where a C compiler and the runtime libraries are found, else `dsl`, silently) | auto |
 
 CuTe DSL variables that change generated code (`codegen_env`) are part of the cache's toolchain
 fingerprint, so a kernel built with, say, CUTE_DSL_LINEINFO=1 is never served to a process without it.
@@ -134,15 +134,15 @@ def strict_bitwise() -> bool:
     return _flag("STRICT_BITWISE")
 
 
-LOADERS = ("dsl", "linked")
+LOADERS = ("auto", "dsl", "linked")
 
 
 def object_loader() -> str:
-    return _choice("LOADER", "dsl", LOADERS)
+    return _choice("LOADER", "auto", LOADERS)
 
 
 def c_compiler() -> str:
-    """The C compiler that links cached objects for KDAJIT_LOADER=linked (CC, else cc)."""
+    """The C compiler that links cached objects for the linked loader (CC, else cc)."""
     return os.environ.get("CC", "").strip() or "cc"
 
 

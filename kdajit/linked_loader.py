@@ -1,4 +1,5 @@
-"""KDAJIT_LOADER=linked: load a cached kernel object without importing CuTe DSL.
+"""The linked loader (KDAJIT_LOADER=linked, and `auto` where it is available): load a cached kernel object
+without importing CuTe DSL.
 
 A kdajit object (`kernel.o`, exported with TVM-FFI) needs only two libraries: the DSL's
 libcute_dsl_runtime (CUDA library-load and launch wrappers) and libtvm_ffi. The system C compiler
@@ -70,8 +71,19 @@ def link_shared(obj: str, out: str) -> None:
         raise LinkError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
 
 
+def uses_linked(mode: str) -> bool:
+    """Whether loader mode `mode` (env.object_loader()) loads through this module: `linked`, or `auto` where
+    `unavailable_reason` finds nothing in the way (checked once per process)."""
+    return mode == "linked" or (mode == "auto" and _available())
+
+
+@functools.lru_cache(maxsize=None)
+def _available() -> bool:
+    return unavailable_reason() is None
+
+
 def unavailable_reason() -> str | None:
-    """Why KDAJIT_LOADER=linked would fall back here (no C compiler, no single runtime), or None."""
+    """Why the linked loader would fall back here (no C compiler, no single runtime), or None."""
     if shutil.which(env.c_compiler()) is None:
         return f"no C compiler {env.c_compiler()!r} on PATH (set CC)"
     try:
@@ -112,7 +124,7 @@ def try_load(path: str) -> Callable | None:
             first = not _STATE["failed"]
             _STATE["failed"] = True
         if first:
-            warnings.warn(f"kdajit: KDAJIT_LOADER=linked could not load a cached kernel ({e}); this process loads "
+            warnings.warn(f"kdajit: the linked loader could not load a cached kernel ({e}); this process loads "
                           f"cached kernels through CuTe DSL instead (imports the DSL once)", RuntimeWarning,
                           stacklevel=2)
         return None

@@ -86,7 +86,8 @@ def test_a_parent_of_the_root_writable_by_others_makes_it_untrusted(golden, tmp_
     assert check(root).ok
 
 
-def test_the_bytes_loaded_are_the_bytes_verified(copy, monkeypatch):
+@pytest.mark.parametrize("loader, load", [("dsl", "kdajit.compiler.load_object"), ("linked", "kdajit.linked_loader.load")])
+def test_the_bytes_loaded_are_the_bytes_verified(copy, monkeypatch, loader, load):
     obj = entry_of(copy) / cache_layout.ARTIFACT
     verified = obj.read_bytes()
     real_check = cache.check_entry
@@ -98,7 +99,8 @@ def test_the_bytes_loaded_are_the_bytes_verified(copy, monkeypatch):
 
     loaded = []
     monkeypatch.setattr(cache, "check_entry", check_then_swap)
-    monkeypatch.setattr("kdajit.compiler.load_object", lambda path: loaded.append(Path(path).read_bytes()) or len)
+    monkeypatch.setenv("KDAJIT_LOADER", loader)
+    monkeypatch.setattr(load, lambda path: loaded.append(Path(path).read_bytes()) or len)
     assert cache.DiskCache(copy).load(KEY) is len
     assert loaded == [verified]
 

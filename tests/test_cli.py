@@ -345,10 +345,11 @@ def test_env_report(copy, capsys):
     assert doc["toolchain"]["fingerprint"] == cache_toolchain.toolchain_fingerprint()
     assert doc["cache"]["root"]["path"] == str(copy) and doc["cache"]["root"]["writable"]
     assert doc["locks"]["path"] and doc["arch"] in ("sm_80", "sm_90a", "sm_100a")
-    assert doc["loader"]["mode"] == "dsl" and "linked_unavailable" in doc["loader"]
+    assert doc["loader"]["mode"] == "auto" and "linked_unavailable" in doc["loader"]
+    assert doc["loader"]["linked"] is (doc["loader"]["linked_unavailable"] is None)
     rc, out, _ = kd(capsys, "env", "--cache-dir", copy)
     assert rc == 0 and f"toolchain:    tc-{cache_toolchain.toolchain_fingerprint()}" in out and "nvidia-cutlass-dsl==" in out
-    assert "loader:       dsl (KDAJIT_LOADER=linked " in out
+    assert "loader:       auto: cached kernels load " in out
 
 
 def test_python_dash_m_kdajit(copy, tmp_path):

@@ -233,13 +233,17 @@ _SHAPES_CHILD = r"""
 import json
 import torch
 import kdajit
-from kdajit import compiler, reference
+from kdajit import compiler, linked_loader, reference
 
-fetches = {"compile_key": 0, "load_object": 0}
+# Every way a kernel reaches the process: compiled, or loaded from the disk cache by either loader.
+FETCHERS = {"compile_key": (compiler, "compile_key"), "load_object": (compiler, "load_object"),
+            "linked_load": (linked_loader, "load")}
+fetches = dict.fromkeys(FETCHERS, 0)
 
 
 def counted(name):
-    real = getattr(compiler, name)
+    module, attr = FETCHERS[name]
+    real = getattr(module, attr)
 
     def wrapper(*args, **kwargs):
         fetches[name] += 1
@@ -247,8 +251,8 @@ def counted(name):
     return wrapper
 
 
-for name in fetches:
-    setattr(compiler, name, counted(name))
+for name, (module, attr) in FETCHERS.items():
+    setattr(module, attr, counted(name))
 
 
 def run(B, T, H, lengths=None):
@@ -274,5 +278,5 @@ def test_runtime_shapes_never_recompile():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     counts = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sum(counts["first"].values()) > 0, f"the counters saw no kernel fetch on a fresh process: {counts}"
-    assert counts["later"] == {"compile_key": 0, "load_object": 0}, \
+    assert counts["later"] == {"compile_key": 0, "load_object": 0, "linked_load": 0}, \
         f"new runtime shapes fetched kernels (compiles, disk loads): {counts}"

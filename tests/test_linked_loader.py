@@ -1,5 +1,6 @@
-"""KDAJIT_LOADER=linked on the CPU: cached objects link into shared libraries that TVM-FFI loads without
-the CuTe DSL, each library binds its own symbols, and a failed link falls back to the DSL's loader once.
+"""The linked loader on the CPU (KDAJIT_LOADER=linked, and the default `auto` where a C compiler is found): cached
+objects link into shared libraries that TVM-FFI loads without the CuTe DSL, each library binds its own symbols, a
+failed link falls back to the DSL's loader once, and `auto` without a C compiler uses the DSL's loader silently.
 
 (Running linked kernels needs a GPU: tests/test_gpu_cache.py compares their bits with the DSL-loaded ones.)
 """
@@ -16,8 +17,10 @@ needs_cc = pytest.mark.skipif(shutil.which(os.environ.get("CC") or "cc") is None
 
 
 @needs_cc
-def test_linked_loader_loads_cached_kernels_without_importing_the_dsl(copy):
-    linked = ch.lookup(ch.GOLDEN_KEYS, ch.child_env(copy, KDAJIT_LOADER="linked"))
+@pytest.mark.parametrize("mode", ["linked", "default"])
+def test_linked_loader_loads_cached_kernels_without_importing_the_dsl(copy, mode):
+    extra = {"KDAJIT_LOADER": mode} if mode != "default" else {}  # the default is auto: linked, a compiler is here
+    linked = ch.lookup(ch.GOLDEN_KEYS, ch.child_env(copy, **extra))
     assert all(r["ok"] and r["type"] == "Function" for r in linked["results"]), linked
     assert (linked["stats"]["disk_hits"], linked["stats"]["compiles"]) == (len(ch.GOLDEN_KEYS), 0), linked
     assert linked["cutlass_imported"] is False, linked
@@ -36,13 +39,20 @@ def test_a_failed_link_falls_back_to_the_dsl_loader_once(copy, tmp_path):
     assert len(calls.read_text().splitlines()) == 1, "the failed link was retried for the second kernel"
 
 
+def test_auto_without_a_c_compiler_uses_the_dsl_loader_silently(copy, tmp_path):
+    report = ch.lookup(ch.GOLDEN_KEYS[:2], ch.child_env(copy, CC=str(tmp_path / "no-such-cc")))
+    assert all(r["ok"] for r in report["results"]), report
+    assert report["stats"]["disk_hits"] == 2 and report["stats"]["quarantined"] == 0, report
+    assert report["cutlass_imported"] is True and not report["warnings"], report
+
+
 def test_a_bad_loader_value_is_a_clear_error_and_no_entry_is_quarantined(copy):
     code = ("from kdajit import cache; from kdajit.keys import key_from_json; "
             f"cache.get_kernel(key_from_json({ch.GOLDEN_KEYS[0]!r}))")
     proc = subprocess.run([ch.PY, "-c", code], env=ch.child_env(copy, KDAJIT_LOADER="magic"), capture_output=True,
                           text=True, timeout=300, cwd="/")
     assert proc.returncode != 0
-    assert "KDAJIT_LOADER='magic' is not valid; expected one of ('dsl', 'linked')" in proc.stderr
+    assert "KDAJIT_LOADER='magic' is not valid; expected one of ('auto', 'dsl', 'linked')" in proc.stderr
     assert not (copy / "quarantine").exists() or not any((copy / "quarantine").iterdir())
 
 
