@@ -126,6 +126,8 @@ def main(argv=None) -> int:
     if args.export:
         export(args.export, args.chunk, args.only)
         return 0
+    if args.profile and args.json:
+        parser.error("--json: nothing is timed with --profile")
     if not args.profile:
         print("| config | phases kept | ms |\n|---|---|---|")
     results = time_variants(args.objects, args.chunk, args.only, args.profile)

@@ -162,11 +162,12 @@ run_stage() {
           -k "${SANITIZER_K:-empty_sequences or random_varlen or forward_equals or standalone_varlen or c2-head-a1}"
       done
       unset PYTORCH_NO_CUDA_MEMORY_CACHING ;;
-    ncu)  # the report, the SASS table (ncu_sass.csv.gz) and its summary (ncu_report.md) go to $out
+    ncu)  # to $out: the report (ncu.ncu-rep), its details page (ncu_details.log), the SASS table (ncu_sass.csv.gz)
+      # and its summary (ncu_report.log)
       stage ncu "${NCU_LIMIT:-240}" ncu --profile-from-start off --clock-control none --set full -f -o "$out/ncu" \
         python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases --only ${NCU_VARIANTS:-tile-w8.all} --profile
-      ncu -i "$out/ncu.ncu-rep" --page details >"$out/ncu_details.txt" 2>&1
-      ncu -i "$out/ncu.ncu-rep" --page source --csv --print-source sass | gzip >"$out/ncu_sass.csv.gz"
+      stage ncu_details 120 ncu -i "$out/ncu.ncu-rep" --page details
+      stage ncu_sass 120 bash -c "ncu -i '$out/ncu.ncu-rep' --page source --csv --print-source sass | gzip >'$out/ncu_sass.csv.gz'"
       stage ncu_report 60 python3 benchmarks/ncu_report.py "$out/ncu_sass.csv.gz" ;;
     *) echo "unknown stage $what"; status=2 ;;
   esac

@@ -88,7 +88,7 @@ def run(root: Path | None, as_json: bool) -> int:
     print(f"arch:         {doc['arch'] or 'error: ' + str(doc['arch_error'])} ({doc['arch_source']})")
     print(f"disable_jit:  {doc['disable_jit']}   force_recompile: {doc['force_recompile']}")
     why = doc["loader"]["linked_unavailable"]
-    how = "linked" if doc["loader"]["linked"] else "through the DSL"
+    how = "linked" if doc["loader"]["linked"] and why is None else "through the DSL"
     print(f"loader:       {doc['loader']['mode']}: cached kernels load {how} "
           f"(the linked loader is {'available' if why is None else 'unavailable: ' + why})")
     tc = doc["toolchain"]

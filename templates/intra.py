@@ -21,8 +21,8 @@ no row's bits depend on later tokens (causal bit-invariance; docs/numerics.md ha
 
 Arithmetic order (fixes the bits; see docs/numerics.md):
   - exponent difference in fp32 (g_i - r, r - g_j), 2^x with ex2.approx.ftz.f32, times the exact
-    bf16/fp16 -> fp32 value, in fp32; operands of rows >= v (A side) and columns >= v (B side) are
-    replaced by 0 with a select.
+    bf16/fp16 -> fp32 value, in fp32; rows >= v (A side) and columns >= v (B side) enter unmasked:
+    they reach only output rows >= v (never stored) and columns j > i of diagonal blocks (selected away).
   - the fp32 operand bits feed the TF32 MMA unchanged (no cvt.rna): the tensor core ignores the
     low 13 mantissa bits, as in FLA's Triton kernels and cuLA.
   - mma.sync m16n8k8 tf32 with fp32 accumulate, one accumulator chain per 16x8 output tile over
