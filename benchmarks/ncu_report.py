@@ -64,7 +64,8 @@ def report(path: str, index: int, top: int) -> str:
     samples = [number(r["Warp Stall Sampling (All Samples)"]) for r in rows]
     ops = [opcode(r["Source"]) for r in rows]
     total, total_samples = sum(executed) or 1.0, sum(samples) or 1.0
-    out = [f"# {name[:100]}", "", f"{total / 1e6:.1f} M warp instructions executed, {total_samples:.0f} stall samples", ""]
+    out = [f"# {name[:100]}", "",
+           f"{total / 1e6:.1f} M warp instructions executed, {total_samples:.0f} stall samples", ""]
 
     mix: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
     for op, e, s in zip(ops, executed, samples):

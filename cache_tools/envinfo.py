@@ -56,8 +56,7 @@ def report(root: Path | None) -> dict:
         "cache": {"mode": env.cache_mode(), "root": _dir_state(root),
                   "root_source": "KDAJIT_CACHE_DIR" if env.cache_dir() else "platformdirs user cache dir"},
         "locks": {**_dir_state(lock_dir), "timeout_s": env.lock_timeout_s(), "refused": refused},
-        "loader": {"mode": env.object_loader(), "linked": linked_loader.uses_linked(env.object_loader()),
-                   "linked_unavailable": linked_loader.unavailable_reason()},
+        "loader": _loader_state(),
         "disable_jit": env.disable_jit(),
         "force_recompile": env.force_recompile(),
         "arch": arch, "arch_error": arch_error,
@@ -65,6 +64,13 @@ def report(root: Path | None) -> dict:
         "toolchain": {"fingerprint": toolchain_fingerprint(), "components": components},
         "environment": env.snapshot(),
     }
+
+
+def _loader_state() -> dict:
+    """The loader mode, whether cached kernels load linked here (an explicit `linked` without a compiler falls
+    back to the DSL's loader, so it is not), and why the linked loader is unavailable (None if it is not)."""
+    mode, why = env.object_loader(), linked_loader.unavailable_reason()
+    return {"mode": mode, "linked": why is None and linked_loader.uses_linked(mode), "linked_unavailable": why}
 
 
 def run(root: Path | None, as_json: bool) -> int:
@@ -88,7 +94,7 @@ def run(root: Path | None, as_json: bool) -> int:
     print(f"arch:         {doc['arch'] or 'error: ' + str(doc['arch_error'])} ({doc['arch_source']})")
     print(f"disable_jit:  {doc['disable_jit']}   force_recompile: {doc['force_recompile']}")
     why = doc["loader"]["linked_unavailable"]
-    how = "linked" if doc["loader"]["linked"] and why is None else "through the DSL"
+    how = "linked" if doc["loader"]["linked"] else "through the DSL"
     print(f"loader:       {doc['loader']['mode']}: cached kernels load {how} "
           f"(the linked loader is {'available' if why is None else 'unavailable: ' + why})")
     tc = doc["toolchain"]

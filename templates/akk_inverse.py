@@ -47,8 +47,9 @@ reads: docs/performance.md).
 
 Shared memory: L 64x64 fp32 with a 4-element row pad (17 KiB) + X 64x64 16-bit (8 KiB) + X00 32x32 fp32
 (4 KiB) = 29,696 bytes per CTA; the pad and X00's swizzle (`tile_inverse.l_tile_layout`, `x00_layout`) spread
-the merges' fragment reads over the banks. The fp32 X rows 0..31 live in X00; rows 32..63 and the merge products T live in L's upper
-triangle, and the last T in L's upper-left block once nothing reads it (templates/tile_inverse.py).
+the merges' fragment reads over the banks. The fp32 X rows 0..31 live in X00; rows 32..63 and the merge
+products T live in L's upper triangle, and the last T in L's upper-left block once nothing reads it
+(templates/tile_inverse.py).
 
 Code: steps 2-5 are the per-tile functions of templates/tile_inverse.py, shared with the fused
 kernel; this file holds the standalone launch and step 1 (the global L load).

@@ -336,7 +336,8 @@ class FusedForward:
         """Phases 2-4 with 8 warps (no QG): the intra blocks over all 8 warps (WARP_GROUPS_8), after which
         group 1 (warps 4-7) issues its v loads and computes KG; then group 0 (warps 0-3) inverts, stores Akk
         and stages the A tile while group 1 computes Kp (into q's buffer) and Vp; then group 0 multiplies W
-        while group 1 multiplies U. Every element comes from the same device function, on the same operands, as in `one_group_tile`."""
+        while group 1 multiplies U. Every element comes from the same device function, on the same operands,
+        as in `one_group_tile`."""
         mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens = tensors
         sQ, sK, sG, sBeta, sL, sX00, sX, sA, sKp, sVp, sOutW, sOutU = smem
         intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma = ops

@@ -35,9 +35,9 @@ the standalone launch and the global-memory loads.
 
 Constraints: K, V in keys.HEAD_DIMS (K != V: Vp is staged after the gate rows, in v's own rows and
 columns, `stage_values`), chunk 64 or 32 (warps 0-1 multiply W while 2-3 multiply U), 4 warps. Shared
-memory at K = V = 128: 40,960 bytes (Akk 8 KiB, Kp and Vp 16 KiB each; the W / U staging tiles reuse Kp / Vp). No atomics, fixed arithmetic
-order: a chunk gives the same bits in dense and varlen mode and in any batch. Grouped value heads: the
-grid walks the HV value heads; k (and q) are read at head h // (HV / H).
+memory at K = V = 128: 40,960 bytes (Akk 8 KiB, Kp and Vp 16 KiB each; the W / U staging tiles reuse
+Kp / Vp). No atomics, fixed arithmetic order: a chunk gives the same bits in dense and varlen mode and in
+any batch. Grouped value heads: the grid walks the HV value heads; k (and q) are read at head h // (HV / H).
 """
 from __future__ import annotations
 

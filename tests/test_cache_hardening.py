@@ -86,7 +86,8 @@ def test_a_parent_of_the_root_writable_by_others_makes_it_untrusted(golden, tmp_
     assert check(root).ok
 
 
-@pytest.mark.parametrize("loader, load", [("dsl", "kdajit.compiler.load_object"), ("linked", "kdajit.linked_loader.load")])
+@pytest.mark.parametrize("loader, load", [("dsl", "kdajit.compiler.load_object"),
+                                          ("linked", "kdajit.linked_loader.load")])
 def test_the_bytes_loaded_are_the_bytes_verified(copy, monkeypatch, loader, load):
     obj = entry_of(copy) / cache_layout.ARTIFACT
     verified = obj.read_bytes()
