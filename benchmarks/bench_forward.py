@@ -7,8 +7,8 @@ Rows (K = V = 128, bf16 q/k/v, chunk 64, output_qg=False, FLA with safe_gate=Tru
 logsigmoid gates and safe_gate=False on both sides): B=2 T=8192 H=64 with bf16
 and fp32 beta; 32 packed sequences of lengths uniform in 1..4096 (seed 0), H=64; B=1 T=8192 H=32;
 B=8 T=2048 H=32; B=1 T=65536 H=8. The coverage rows (`--rows coverage`, not in `all`): B=2 T=8192 H=64 with
-fp16 q/k/v and beta, with K = V = 64 and 256 (bf16), with grouped value heads (q, k with 16 heads, v, gk,
-beta and the outputs with 64), and with chunk_size 32. Every input set is larger than the H200's 50 MB
+fp16 q/k/v and beta, with K = V = 64 and 256 (bf16), with the padded sizes K = V = 60 and 100 (bf16), with grouped
+value heads (q, k with 16 heads, v, gk, beta and the outputs with 64), and with chunk_size 32. Every input set is larger than the H200's 50 MB
 L2, so one set is timed without rotation. Per row: median time (triton.testing.do_bench: warm-up, then the
 median of >= 20 timed runs) of FLA, `forward` as a user calls it (no tuning record: the spec's untuned
 configuration of the fused kernel, or the standalone kernels where `forward` runs those), and the standalone route
@@ -46,9 +46,12 @@ ROWS = {
     "B2-T8192-H64-K256": (2, 8192, 64, "bf16", 0, "bf16", 256, 1, 64),
     "B2-T8192-H16-HV64": (2, 8192, 64, "bf16", 0, "bf16", 128, 4, 64),
     "B2-T8192-H64-C32": (2, 8192, 64, "bf16", 0, "bf16", 128, 1, 32),
+    "B2-T8192-H64-K60": (2, 8192, 64, "bf16", 0, "bf16", 60, 1, 64),
+    "B2-T8192-H64-K100": (2, 8192, 64, "bf16", 0, "bf16", 100, 1, 64),
 }
 MAIN_ROWS = ("B2-T8192-H64-bf16", "B2-T8192-H64-fp32")
-COVERAGE_ROWS = ("B2-T8192-H64-fp16", "B2-T8192-H64-K64", "B2-T8192-H64-K256", "B2-T8192-H16-HV64", "B2-T8192-H64-C32")
+COVERAGE_ROWS = ("B2-T8192-H64-fp16", "B2-T8192-H64-K64", "B2-T8192-H64-K256", "B2-T8192-H16-HV64", "B2-T8192-H64-C32",
+                 "B2-T8192-H64-K60", "B2-T8192-H64-K100")
 
 
 def minimal_bytes(tokens: int, H: int, K: int, V: int, chunk: int, beta_bytes: int, group: int = 1) -> int:

@@ -46,6 +46,18 @@ for qg_config in "on --config $persistent_c1" "off --config $tile_w8"; do
     "$config"
   precompile_chunk 32 --io fp16 --beta fp16 --kv 64 --varlen dense,cu32 --qg "$qg" --config ref "$flag" "$config"
 done
+# ... and its padded head sizes (K = 60, 100; also K = 100, V = 60), the same configurations; the coverage bench's
+# K = 60 / 100 rows are bf16 dense without QG
+for qg_config in "on --config $persistent_c1" "off --config $tile_w8"; do
+  read -r qg flag config <<< "$qg_config"
+  cov --io bf16 --beta bf16 --kv 60,100x60,100 --varlen dense,cu32 --qg "$qg" --config ref "$flag" "$config"
+  cov --io fp16 --beta fp16 --kv 100 --varlen dense,cu32 --qg "$qg" --config ref "$flag" "$config"
+done
+# tests/test_gpu_fla_backend.py's FLA shapes with D = 60 (safe gate) and 100 (any gate), dense and cu64
+precompile --gate safe --io bf16 --beta bf16 --kv 60 --varlen dense --qg on --config ref
+precompile --gate safe --io bf16 --beta bf16 --kv 60 --varlen dense --qg off --config ref --config "$tile_w8"
+precompile --gate any --io bf16 --beta bf16 --kv 100 --varlen dense,cu64 --qg on --config ref
+precompile --gate any --io bf16 --beta bf16 --kv 100 --varlen dense,cu64 --qg off --config ref --config "$tile_w8"
 fused_bf16_128 --gate safe --beta bf16,fp32 --varlen dense --qg off "${configs[@]}"  # bench_forward rows
 cov --io bf16 --beta bf16 --kv 256 --varlen dense --qg off \
   --config "persistent=true;ctas_per_sm=1;raster=head;loads_ahead=0;warps=8"  # the K = 256 row's 8-warp persistent

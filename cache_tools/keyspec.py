@@ -20,8 +20,8 @@ QG_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
 # ForwardSpec.safe_gate: the lower-bound gate's fast path, the any-gate path, or both
 GATE_CHOICES = {"safe": (True,), "any": (False,), "both": (True, False)}
 _FIELD_CHOICES = {"io_dtype": kkeys.IO_DTYPES, "beta_dtype": kkeys.BETA_DTYPES, "varlen": kkeys.VARLEN_MODES,
-                  "head_k": kkeys.HEAD_DIMS,
-                  "head_v": kkeys.HEAD_DIMS, "chunk": kkeys.CHUNK_SIZES, "arch": kkeys.ARCHS}
+                  "chunk": kkeys.CHUNK_SIZES, "arch": kkeys.ARCHS}
+_HEAD_DIM_FIELDS = ("head_k", "head_v")
 
 
 def split_words(values: list[str] | None) -> list[str]:
@@ -160,6 +160,8 @@ def unsupported(key) -> str | None:
         allowed = _FIELD_CHOICES.get(f.name)
         if allowed is not None and getattr(key, f.name) not in allowed:
             return f"{key.TEMPLATE}: {f.name}={getattr(key, f.name)!r} is not supported; expected one of {allowed}"
+        if f.name in _HEAD_DIM_FIELDS and not kkeys.head_dim_supported(getattr(key, f.name)):
+            return f"{key.TEMPLATE}: {f.name}={getattr(key, f.name)!r} is not supported; expected {kkeys.HEAD_DIM_RULE}"
     from kdajit import compiler
 
     env.prepare_cute_dsl(compiler.current_arch())

@@ -20,7 +20,14 @@ BETA_DTYPES = ("bf16", "fp16", "fp32")
 IO_DTYPES = ("bf16", "fp16")
 # "dense": equal-length batch [B, T]; "cu32"/"cu64": packed sequences with int32/int64 cu_seqlens.
 VARLEN_MODES = ("dense", "cu32", "cu64")
-HEAD_DIMS = (64, 128, 256)  # K and V (any pair): each is a specialization of every template that reads it
+# K and V (any pair) are compile-time sizes of every template that reads them: a multiple of HEAD_DIM_STEP up to
+# the last HEAD_DIMS entry. The kernels' shared tiles have one of the HEAD_DIMS sizes (`padded_head_dim`); a size
+# between them (60, 100, ...) is padded inside the kernel: zero columns in shared memory, global accesses that stop
+# at the row's end. HEAD_DIMS are what precompile and the compile sweep build by default; PADDED_HEAD_DIM_EXAMPLES
+# stand for the padded sizes in the sweep and the GPU tests (FLA's own test sizes).
+HEAD_DIMS = (64, 128, 256)
+HEAD_DIM_STEP = 4  # every row then starts 8-byte aligned in 16-bit tensors (16-byte where K is a multiple of 8)
+PADDED_HEAD_DIM_EXAMPLES = (60, 100)
 CHUNK_SIZES = (32, 64)  # rows per chunk: each a specialization of every template
 # Base-address alignment (bytes) the kernels assume: the fake tensors' `assumed_align` in
 # templates/common.py `SymbolicShapes`. kdajit.validate checks exactly these before any launch.
@@ -34,6 +41,25 @@ ARCHS = ("sm_80", "sm_90a", "sm_100a")
 def _check_choice(name: str, value: object, allowed: tuple) -> None:
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not supported; expected one of {allowed}")
+
+
+def head_dim_supported(size: object) -> bool:
+    """Whether `size` can be K or V: a positive multiple of HEAD_DIM_STEP up to max(HEAD_DIMS)."""
+    return (isinstance(size, int) and not isinstance(size, bool) and 0 < size <= HEAD_DIMS[-1]
+            and size % HEAD_DIM_STEP == 0)
+
+
+HEAD_DIM_RULE = f"a multiple of {HEAD_DIM_STEP} from {HEAD_DIM_STEP} to {HEAD_DIMS[-1]}"
+
+
+def padded_head_dim(size: int) -> int:
+    """The columns of the kernels' shared tiles for head size `size`: the smallest HEAD_DIMS entry >= size."""
+    return next(d for d in HEAD_DIMS if d >= size)
+
+
+def _check_head_dim(name: str, value: object) -> None:
+    if not head_dim_supported(value):
+        raise ValueError(f"{name}={value!r} is not supported; expected {HEAD_DIM_RULE}")
 
 
 @dataclass(frozen=True)
@@ -93,7 +119,8 @@ FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
     FusedConfig(True, ctas, raster, ahead) for ahead in LOADS_AHEAD for ctas in (1, 2) for raster in RASTER_ORDERS
 ) + (FusedConfig(warps=8),) + tuple(FusedConfig(True, ctas, "head", 0, 8) for ctas in (1, 2))
 # What `kdajit.forward` runs on the fused archs where no tuning record applies (KDAJIT_AUTOTUNE=off, or no record
-# for the call's workload), by (chunk, head_k, output_qg); K != V follows its K's entry (not measured apart): the
+# for the call's workload), by (chunk, padded head_k, output_qg); K != V follows its K's entry, a padded K (60, 100)
+# that of its tile size (neither measured apart): the
 # fused kernel in the fastest configuration measured on the H200, or None for the standalone kernels where they
 # measured faster than every fused configuration; the reference configuration elsewhere (chunk 32, 2026-12-04: the
 # reference 0.676 ms against tile-w8's 1.054 at K = 128 without QG). Measured at B=2 T=8192 H=64, bf16
@@ -290,8 +317,8 @@ class ForwardSpec:
         _check_choice("io_dtype (q, k, v dtype)", self.io_dtype, IO_DTYPES)
         _check_choice("beta_dtype", self.beta_dtype, BETA_DTYPES)
         _check_choice("varlen", self.varlen, VARLEN_MODES)
-        _check_choice("head_k (K)", self.head_k, HEAD_DIMS)
-        _check_choice("head_v (V)", self.head_v, HEAD_DIMS)
+        _check_head_dim("head_k (K)", self.head_k)
+        _check_head_dim("head_v (V)", self.head_v)
         _check_choice("chunk_size", self.chunk, CHUNK_SIZES)
         _check_choice("arch", self.arch, ARCHS)
         if not isinstance(self.output_qg, bool):
@@ -324,7 +351,7 @@ class ForwardSpec:
     def untuned_fused_config(self) -> FusedConfig | None:
         """The fused configuration `kdajit.forward` runs for this spec without a tuning record, or None where it
         runs the standalone kernels (UNTUNED_FUSED_CONFIGS)."""
-        return UNTUNED_FUSED_CONFIGS.get((self.chunk, self.head_k, self.output_qg), FusedConfig())
+        return UNTUNED_FUSED_CONFIGS.get((self.chunk, padded_head_dim(self.head_k), self.output_qg), FusedConfig())
 
     def kernel_keys(self) -> tuple[_KernelKey, ...]:
         """The keys of every kernel the API runs for this spec without a tuning record: the standalone

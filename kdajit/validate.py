@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from kdajit import env
-from kdajit.keys import ARG_ALIGNMENT, CHUNK_SIZES, HEAD_DIMS
+from kdajit.keys import ARG_ALIGNMENT, CHUNK_SIZES, HEAD_DIM_RULE, head_dim_supported
 from kdajit.outputs import BETA_TORCH_DTYPES, CU_SEQLENS_TORCH_DTYPES, IO_TORCH_DTYPES
 
 _BETA_DTYPES = {dtype: name for name, dtype in BETA_TORCH_DTYPES.items()}
@@ -92,6 +92,11 @@ def _address(name: str, t: torch.Tensor) -> None:
 def _choice(name: str, value: object, allowed: tuple) -> None:
     if value not in allowed:
         raise NotImplementedError(f"{name}={value!r} is not supported yet; supported: {list(allowed)}")
+
+
+def _head_dim(name: str, value: int) -> None:
+    if not head_dim_supported(value):
+        raise NotImplementedError(f"{name}={value!r} is not supported; supported: {HEAD_DIM_RULE}")
 
 
 def _brief(value: object) -> str:
@@ -283,7 +288,7 @@ def check_forward_inputs(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tenso
         raise ValueError(f"{ref_name} must be 4-D [B, T, H, K], got shape {list(ref.shape)}")
     batch, tokens, qk_heads, head_k = ref.shape
     _check_grid(ref_name, batch, tokens, qk_heads)
-    _choice(f"K ({ref_name}.shape[-1])", head_k, HEAD_DIMS)
+    _head_dim(f"K ({ref_name}.shape[-1])", head_k)
     _check_chunk_size(chunk_size)
     gk = _tensor("gk", gk)
     beta = _tensor("beta", beta)
@@ -302,7 +307,7 @@ def check_forward_inputs(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tenso
             raise ValueError(f"v must have shape [B, T, HV, V] = [{batch}, {tokens}, {heads}, V] (HV = gk.shape[2]), "
                              f"got {list(v.shape)}")
         head_v = v.shape[3]
-        _choice("V (v.shape[-1])", head_v, HEAD_DIMS)
+        _head_dim("V (v.shape[-1])", head_v)
     for name, t in (("q", q), ("k", k), ("v", v), ("gk", gk), ("beta", beta)):
         if t is not None:
             _layout(name, t)

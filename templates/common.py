@@ -166,6 +166,24 @@ def chunk_coords(mCuSeqlens: cute.Tensor, seq_len_dense: cutlass.Int32, chunk: c
         valid_rows = min(seq_len_dense - row0, chunk)
     return is_valid, batch, row0, valid_rows
 
+def global_vec(dtype, cols: int) -> int:
+    """Elements per global vector access of a [.., cols] row of `dtype`: at most 16 bytes, and dividing `cols`, so
+    that every row of a 16-byte aligned tensor starts on an access boundary (K = 60 or 100: 8-byte bf16 pieces)."""
+    vec = 128 // dtype.width
+    while cols % vec:
+        vec //= 2
+    return vec
+
+
+def row_piece(dRow: cute.Tensor, col, elems: int) -> cute.Tensor:
+    """`elems` elements of a global row view from column `col` (a multiple of `elems`), as a tensor whose pointer
+    is known to be aligned to the piece; no bounds check (callers clamp or predicate)."""
+    ptr = dRow.iterator + col
+    return cute.make_tensor(cute.make_ptr(dRow.element_type, ptr.toint(), ptr.memspace,
+                                          assumed_align=elems * dRow.element_type.width // 8),
+                            cute.make_layout(elems))
+
+
 def chunk_rows(mX: cute.Tensor, batch, head, row0, rows: int) -> cute.Tensor:
     """The [rows, D] view of a [B, T, H, D] tensor's rows row0 .. row0 + rows - 1 of one head."""
     return cute.local_tile(cute.domain_offset((row0, 0), mX[batch, None, head, None]),

@@ -52,8 +52,10 @@ shared memory once the tile's loads have landed) right after the gate rows, so t
 while W and U are multiplied and stored. No buffer is added: a K = 256 tile that leaves no room
 for a second stage still works, it only overlaps less.
 Sizes are template parameters (chunk, head_k, head_v from the key); the device functions currently
-implement chunk 64 and 32 and K, V in keys.HEAD_DIMS (`can_implement`; K != V computes Vp in v's own rows and
-columns after the gate rows). At K = V = 64 a CTA needs 74,752 B (three fit an SM); at 256, 208,896 B (one).
+implement chunk 64 and 32 and K, V of keys.HEAD_DIMS sizes or padded ones (`can_implement`; K != V computes Vp
+in v's own rows and columns after the gate rows). A padded size (60, 100) runs the tile of
+`keys.padded_head_dim(K)` columns: q, k, g columns past K are +0 in shared memory (so every intra product and
+gate row sees exact zeros there), global rows are read and written in 8-byte pieces that stop at the row's end. At K = V = 64 a CTA needs 74,752 B (three fit an SM); at 256, 208,896 B (one).
 """
 from __future__ import annotations
 
@@ -62,8 +64,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
-from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, HEAD_DIMS, LOADS_AHEAD, RASTER_ORDERS,
-                         VARLEN_MODES, FusedForwardKey)
+from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, LOADS_AHEAD, RASTER_ORDERS, VARLEN_MODES,
+                         FusedForwardKey, head_dim_supported, padded_head_dim)
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
                                     make_struct, make_tf32_mma, qk_head, sync_group)
 from kdajit.templates.tile_intra import (beta_row, intra_tile, load_rows, warp_schedule, make_row_copy,
@@ -72,8 +74,8 @@ from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_
                                            make_akk_store_copy, make_l_load_copy, store_akk_rows, x00_layout,
                                            zero_rows_from)
 from kdajit.templates.tile_recompute import (PRODUCT_BARRIERS, VEC, RecomputeLayouts, gate_row, key_gate_row,
-                                             make_recompute_mma, product_threads, products_by_groups, products_w_u,
-                                             row_fragments, store_akk, value_row)
+                                             load_row_vec, make_recompute_mma, product_threads, products_by_groups,
+                                             products_w_u, row_fragments, store_akk, value_row)
 
 # 4 warps: the inverse, the gate rows and the W/U products are written for one group of 4 warps (all of
 # a 4-warp CTA; in an 8-warp CTA group 0 = warps 0-3 inverts and multiplies W, group 1 = warps 4-7
@@ -123,7 +125,8 @@ def fused_smem_struct(chunk: int, head_k: int, head_v: int, io):
 
 def smem_bytes(key: FusedForwardKey) -> int:
     """Shared memory of one CTA of `key`'s kernel (the module docstring states it)."""
-    return fused_smem_struct(key.chunk, key.head_k, key.head_v, IO_TYPES[key.io_dtype])[0].__sizeof__()
+    return fused_smem_struct(key.chunk, padded_head_dim(key.head_k), padded_head_dim(key.head_v),
+                             IO_TYPES[key.io_dtype])[0].__sizeof__()
 
 
 def resident_ctas(key: FusedForwardKey) -> int:
@@ -139,7 +142,8 @@ class FusedForward:
 
     def __init__(self, key: FusedForwardKey):
         self.key = key
-        self.chunk, self.head_k, self.head_v = key.chunk, key.head_k, key.head_v
+        # The shared tiles' columns: a padded head size (60, 100) gets those of the next HEAD_DIMS size.
+        self.chunk, self.head_k, self.head_v = key.chunk, padded_head_dim(key.head_k), padded_head_dim(key.head_v)
         self.io = IO_TYPES[key.io_dtype]
         self.output_qg = key.output_qg
         self.safe_gate = key.safe_gate
@@ -155,7 +159,7 @@ class FusedForward:
         if not isinstance(key, FusedForwardKey):
             return False
         cfg = key.config
-        fits = (key.chunk in CHUNK_SIZES and key.head_k in HEAD_DIMS and key.head_v in HEAD_DIMS
+        fits = (key.chunk in CHUNK_SIZES and head_dim_supported(key.head_k) and head_dim_supported(key.head_v)
                 and key.beta_dtype in DTYPES and key.io_dtype in IO_TYPES and key.varlen in VARLEN_MODES
                 and key.arch in FUSED_ARCHS
                 and isinstance(key.output_qg, bool) and isinstance(key.safe_gate, bool))
@@ -192,8 +196,8 @@ class FusedForward:
                                                                       self.io)
         self.smem_struct, self.inverse_work, self.recompute_work = smem_struct, inverse_work, recompute_work
         self.kernel(mQ, mK, mV, mGk, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, scale,
-                    tiles[0], make_tf32_mma(), make_row_copy(self.io, self.head_k, self.num_threads),
-                    make_row_copy(f32, self.head_k, self.num_threads), make_l_load_copy(self.num_threads, self.chunk),
+                    tiles[0], make_tf32_mma(), make_row_copy(self.io, self.key.head_k, self.num_threads),
+                    make_row_copy(f32, self.key.head_k, self.num_threads), make_l_load_copy(self.num_threads, self.chunk),
                     make_akk_store_copy(GROUP_THREADS, self.io, self.chunk), make_recompute_mma(self.chunk, self.io),
                     layouts.akk, layouts.kp, layouts.vp, layouts.out_w, layouts.out_u).launch(
             grid=grid, block=(self.num_threads, 1, 1), stream=stream,
@@ -463,14 +467,13 @@ class FusedForward:
     def load_v_rows(self, mV: cute.Tensor, batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
                     valid_rows: cutlass.Int32, tidx: cutlass.Int32, rV: cute.Tensor):
         """v of this thread's value rows (t // (V / 8) + p (128 / (V / 8)), columns 8 (t % (V / 8)) ..) -> rV,
-        clamped to row valid_rows - 1 as in the standalone recompute; invariant 16-byte loads, all in flight."""
+        clamped to row valid_rows - 1 as in the standalone recompute; invariant loads (`load_row_vec`), all in
+        flight."""
         col_tiles = self.head_v // VEC
         rows_per_pass = GROUP_THREADS // col_tiles
-        ld_io = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), self.io, num_bits_per_copy=128, invariant=True)
         for p in cutlass.range_constexpr(cute.size(rV, mode=[0])):
             src_row = row0 + min(tidx // col_tiles + p * rows_per_pass, valid_rows - 1)
-            cute.copy(ld_io, cute.local_tile(mV[batch, src_row, head, None], (VEC,), (tidx % col_tiles,)),
-                      rV[p, None])
+            load_row_vec(mV[batch, src_row, head, None], tidx % col_tiles, rV[p, None])
 
     @cute.jit
     def akk_rows_from_smem(self, sX: cute.Tensor, tidx: cutlass.Int32):

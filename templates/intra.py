@@ -48,7 +48,9 @@ memory (Aqk 4-byte, L 8-byte vector stores).
 Code: the per-tile arithmetic (loads, block products, epilogue, block stores) is in
 templates/tile_intra.py, shared with the fused kernel; this file holds the standalone launch only.
 
-Constraints: head_k in keys.HEAD_DIMS, chunk 64 or 32 (blocks a, b in 0..1, WARP_GROUPS_32), 4 warps.
+Constraints: head_k a keys.HEAD_DIMS size, or a padded one (60, 100: `keys.head_dim_supported`; the shared tiles
+then have `keys.padded_head_dim(K)` columns, those past K +0, and the loads are 8-byte pieces), chunk 64 or 32
+(blocks a, b in 0..1, WARP_GROUPS_32), 4 warps.
 Contiguous [B, T, H, D] tensors; varlen packs sequences on T with B = 1 (see templates/common.py for the
 grid and the chunk mapping). Grouped value heads: gk, beta and the outputs have HV heads, q and k H (HV a
 multiple of H); value head h reads q, k of head h // (HV / H).
@@ -60,7 +62,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
-from kdajit.keys import ARCHS, CHUNK_SIZES, HEAD_DIMS, VARLEN_MODES, IntraKey
+from kdajit.keys import ARCHS, CHUNK_SIZES, VARLEN_MODES, IntraKey, head_dim_supported, padded_head_dim
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
                                     make_struct, make_tf32_mma, qk_head)
 from kdajit.templates.tile_intra import (NUM_WARPS, intra_tile, load_beta, load_rows, make_row_copy, padded_pitch,
@@ -81,7 +83,7 @@ def intra_smem_struct(chunk: int, head_k: int, io):
 
 def smem_bytes(key) -> int:
     """Shared memory of one CTA of `key`'s kernel (the module docstring states it)."""
-    return intra_smem_struct(key.chunk, key.head_k, IO_TYPES[key.io_dtype]).__sizeof__()
+    return intra_smem_struct(key.chunk, padded_head_dim(key.head_k), IO_TYPES[key.io_dtype]).__sizeof__()
 
 
 class KdaIntra:
@@ -89,7 +91,7 @@ class KdaIntra:
 
     def __init__(self, key: IntraKey):
         self.key = key
-        self.head_k = key.head_k
+        self.head_k = padded_head_dim(key.head_k)  # the shared tiles' columns (K itself is the tensors' last size)
         self.chunk = key.chunk
         self.io = IO_TYPES[key.io_dtype]
         self.varlen = key.varlen != "dense"
@@ -98,7 +100,7 @@ class KdaIntra:
 
     @staticmethod
     def can_implement(key) -> bool:
-        return (isinstance(key, IntraKey) and key.config.warps == NUM_WARPS and key.head_k in HEAD_DIMS
+        return (isinstance(key, IntraKey) and key.config.warps == NUM_WARPS and head_dim_supported(key.head_k)
                 and key.chunk in CHUNK_SIZES and key.beta_dtype in DTYPES and key.varlen in VARLEN_MODES
                 and key.io_dtype in IO_TYPES and key.arch in ARCHS and isinstance(key.safe_gate, bool))
 
@@ -110,8 +112,8 @@ class KdaIntra:
                  mAqk: cute.Tensor, mL: cute.Tensor, mCuSeqlens: cute.Tensor,
                  scale: cutlass.Float32, stream: cuda.CUstream):
         tiled_mma = make_tf32_mma()
-        copy_qk = make_row_copy(self.io, self.head_k, self.num_threads)
-        copy_g = make_row_copy(cutlass.Float32, self.head_k, self.num_threads)
+        copy_qk = make_row_copy(self.io, self.key.head_k, self.num_threads)
+        copy_g = make_row_copy(cutlass.Float32, self.key.head_k, self.num_threads)
         self.kernel(mQ, mK, mGk, mBeta, mAqk, mL, mCuSeqlens, scale, tiled_mma, copy_qk,
                     copy_g).launch(grid=grid_shape(mGk, mCuSeqlens, self.chunk, self.varlen),
                                    block=(self.num_threads, 1, 1), stream=stream)

@@ -33,8 +33,10 @@ Code: the per-row arithmetic (`gate_row`), the Akk staging and the W/U products 
 device functions of templates/tile_recompute.py (also used by the fused kernel); this file holds
 the standalone launch and the global-memory loads.
 
-Constraints: K, V in keys.HEAD_DIMS (K != V: Vp is staged after the gate rows, in v's own rows and
-columns, `stage_values`), chunk 64 or 32 (warps 0-1 multiply W while 2-3 multiply U), 4 warps. Shared
+Constraints: K, V keys.HEAD_DIMS sizes or padded ones (60, 100: the shared tiles have `keys.padded_head_dim`
+columns; global rows are read and written in `global_vec` pieces, loads past a row's end clamped to its last
+piece, stores there predicated off; `load_row_vec`, `store_row_vec_if`) (K != V: Vp is staged after the gate
+rows, in v's own rows and columns, `stage_values`), chunk 64 or 32 (warps 0-1 multiply W while 2-3 multiply U), 4 warps. Shared
 memory at K = V = 128: 40,960 bytes (Akk 8 KiB, Kp and Vp 16 KiB each; the W / U staging tiles reuse
 Kp / Vp). No atomics, fixed arithmetic order: a chunk gives the same bits in dense and varlen mode and in
 any batch. Grouped value heads: the grid walks the HV value heads; k (and q) are read at head h // (HV / H).
@@ -46,10 +48,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
-from kdajit.keys import ARCHS, CHUNK_SIZES, HEAD_DIMS, VARLEN_MODES, RecomputeWUKey
+from kdajit.keys import ARCHS, CHUNK_SIZES, VARLEN_MODES, RecomputeWUKey, head_dim_supported, padded_head_dim
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
                                     make_struct, qk_head)
-from kdajit.templates.tile_recompute import (NUM_WARPS, VEC, RecomputeLayouts, gate_row,
+from kdajit.templates.tile_recompute import (NUM_WARPS, VEC, RecomputeLayouts, gate_row, load_row_vec,
                                              make_recompute_mma, products_w_u, row_fragments,
                                              store_akk, value_row)
 
@@ -67,7 +69,8 @@ def recompute_smem_struct(chunk: int, head_k: int, head_v: int, io):
 
 def smem_bytes(key) -> int:
     """Shared memory of one CTA of `key`'s kernel (the module docstring states it)."""
-    return recompute_smem_struct(key.chunk, key.head_k, key.head_v, IO_TYPES[key.io_dtype]).__sizeof__()
+    return recompute_smem_struct(key.chunk, padded_head_dim(key.head_k), padded_head_dim(key.head_v),
+                                 IO_TYPES[key.io_dtype]).__sizeof__()
 
 
 class RecomputeWU:
@@ -75,8 +78,9 @@ class RecomputeWU:
 
     def __init__(self, key: RecomputeWUKey):
         self.key = key
-        self.head_k = key.head_k
-        self.head_v = key.head_v
+        # The shared tiles' columns: a padded head size (60, 100) gets those of the next HEAD_DIMS size.
+        self.head_k = padded_head_dim(key.head_k)
+        self.head_v = padded_head_dim(key.head_v)
         self.chunk = key.chunk
         self.io = IO_TYPES[key.io_dtype]
         self.output_qg = key.output_qg
@@ -87,7 +91,7 @@ class RecomputeWU:
     def can_implement(key) -> bool:
         return (isinstance(key, RecomputeWUKey)
                 and key.config.warps == NUM_WARPS
-                and key.head_k in HEAD_DIMS and key.head_v in HEAD_DIMS
+                and head_dim_supported(key.head_k) and head_dim_supported(key.head_v)
                 and key.chunk in CHUNK_SIZES
                 and key.beta_dtype in DTYPES and key.io_dtype in IO_TYPES
                 and key.varlen in VARLEN_MODES
@@ -133,8 +137,6 @@ class RecomputeWU:
 
             # Inputs are read-only for the kernel's lifetime: invariant (ld.global.nc) loads.
             ld_io = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), self.io, num_bits_per_copy=128, invariant=True)
-            ld_f32 = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), cutlass.Float32,
-                                         num_bits_per_copy=128, invariant=True)
             ld_beta = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), mBeta.element_type,
                                           num_bits_per_copy=mBeta.element_type.width, invariant=True)
             C = self.chunk
@@ -143,7 +145,7 @@ class RecomputeWU:
             if cutlass.const_expr(self.output_qg):
                 dQG = chunk_rows(mQG, batch, head, row0, C)
             self.stage_operands(mK, mV, mBeta, mAkk, mG, mQ, dKG, dQG, sA, sKp, sVp, batch, head,
-                                qk_head(head, mK, mG), row0, valid_rows, tidx, ld_io, ld_f32, ld_beta)
+                                qk_head(head, mK, mG), row0, valid_rows, tidx, ld_io, ld_beta)
             cute.arch.sync_threads()
 
             # W = Akk @ Kp, then U = Akk @ Vp; the Akk fragments are loaded once for both.
@@ -177,7 +179,7 @@ class RecomputeWU:
                        dQG: cute.Tensor, sA: cute.Tensor, sKp: cute.Tensor, sVp: cute.Tensor,
                        batch: cutlass.Int32, head: cutlass.Int32, head_qk: cutlass.Int32, row0: cutlass.Int32,
                        valid_rows: cutlass.Int32, tidx: cutlass.Int32, ld_io: cute.CopyAtom,
-                       ld_f32: cute.CopyAtom, ld_beta: cute.CopyAtom):
+                       ld_beta: cute.CopyAtom):
         """Akk -> sA; Kp, Vp -> sKp, sVp (B-operand layout (d, j)); KG, QG -> dKG, dQG (global). k and q
         are read at head `head_qk` (grouped value heads), everything else at `head`.
 
@@ -195,8 +197,7 @@ class RecomputeWU:
         col_tile = tidx % col_tiles
         same_rows = cutlass.const_expr(self.head_k == self.head_v)  # v loaded with k, in its rows and columns
         rGlast = cute.make_rmem_tensor((VEC,), f32)
-        cute.copy(ld_f32, cute.local_tile(mG[batch, row0 + valid_rows - 1, head, None], (VEC,),
-                                          (col_tile,)), rGlast)
+        load_row_vec(mG[batch, row0 + valid_rows - 1, head, None], col_tile, rGlast)
         rA = self.load_akk(mAkk, batch, head, row0, valid_rows, tidx, ld_io)
         # Per pass: k, v, (q) in the io dtype and g fp32 for 8 columns, beta for the row.
         rK = row_fragments(num_passes, io)
@@ -208,18 +209,14 @@ class RecomputeWU:
             if cutlass.const_expr(n < num_passes // group):
                 for p in cutlass.range_constexpr(n * group, (n + 1) * group):
                     src_row = row0 + min(tidx // col_tiles + p * rows_per_pass, valid_rows - 1)
-                    cute.copy(ld_io, cute.local_tile(mK[batch, src_row, head_qk, None], (VEC,),
-                                                       (col_tile,)), rK[p, None])
-                    cute.copy(ld_f32, cute.local_tile(mG[batch, src_row, head, None], (VEC,),
-                                                      (col_tile,)), rG[p, None])
+                    load_row_vec(mK[batch, src_row, head_qk, None], col_tile, rK[p, None])
+                    load_row_vec(mG[batch, src_row, head, None], col_tile, rG[p, None])
                     if cutlass.const_expr(same_rows):
-                        cute.copy(ld_io, cute.local_tile(mV[batch, src_row, head, None], (VEC,),
-                                                           (col_tile,)), rV[p, None])
+                        load_row_vec(mV[batch, src_row, head, None], col_tile, rV[p, None])
                     cute.copy(ld_beta, cute.local_tile(mBeta[batch, None, head], (1,), (src_row,)),
                               rBeta[p, None])
                     if cutlass.const_expr(self.output_qg):
-                        cute.copy(ld_io, cute.local_tile(mQ[batch, src_row, head_qk, None], (VEC,),
-                                                           (col_tile,)), rQ[p, None])
+                        load_row_vec(mQ[batch, src_row, head_qk, None], col_tile, rQ[p, None])
             if cutlass.const_expr(n == 0):
                 store_akk(rA, sA, valid_rows, tidx, self.num_threads)
             else:
@@ -229,12 +226,12 @@ class RecomputeWU:
                              rBeta[p, 0].to(f32), rGlast, dKG, dQG, sKp, sVp, row, valid_rows, col_tile,
                              self.output_qg)
         if cutlass.const_expr(not same_rows):
-            self.stage_values(mV, mBeta, sVp, batch, head, row0, valid_rows, tidx, ld_io, ld_beta)
+            self.stage_values(mV, mBeta, sVp, batch, head, row0, valid_rows, tidx, ld_beta)
 
     @cute.jit
     def stage_values(self, mV: cute.Tensor, mBeta: cute.Tensor, sVp: cute.Tensor, batch: cutlass.Int32,
                      head: cutlass.Int32, row0: cutlass.Int32, valid_rows: cutlass.Int32, tidx: cutlass.Int32,
-                     ld_io: cute.CopyAtom, ld_beta: cute.CopyAtom):
+                     ld_beta: cute.CopyAtom):
         """Vp -> sVp when K != V: thread t owns columns 8 * (t % (V / 8)) .. +7 of rows t // (V / 8) + p *
         (128 / (V / 8)); every load is issued (clamped to row valid_rows - 1) before the first is used."""
         col_tiles = self.head_v // VEC
@@ -245,7 +242,7 @@ class RecomputeWU:
         rBeta = cute.make_rmem_tensor((num_passes, 1), mBeta.element_type)
         for p in cutlass.range_constexpr(num_passes):
             src_row = row0 + min(tidx // col_tiles + p * rows_per_pass, valid_rows - 1)
-            cute.copy(ld_io, cute.local_tile(mV[batch, src_row, head, None], (VEC,), (col_tile,)), rV[p, None])
+            load_row_vec(mV[batch, src_row, head, None], col_tile, rV[p, None])
             cute.copy(ld_beta, cute.local_tile(mBeta[batch, None, head], (1,), (src_row,)), rBeta[p, None])
         for p in cutlass.range_constexpr(num_passes):
             value_row(rV[p, None], rBeta[p, 0].to(cutlass.Float32), sVp, tidx // col_tiles + p * rows_per_pass,

@@ -16,7 +16,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 
-from kdajit.templates.common import RN
+from kdajit.keys import HEAD_DIMS, padded_head_dim
+from kdajit.templates.common import RN, global_vec
 
 SUB = 16        # rows of one sub-block (the MMA M)
 MMA_K = 8       # head-dim step of one mma.sync m16n8k8
@@ -95,11 +96,12 @@ def padded_tile_layout(dtype, rows: int, cols: int):
 
 
 def make_row_copy(dtype, cols: int, num_threads: int) -> cute.TiledCopy:
-    """cp.async 16-byte copies of a [rows, cols] tile by `num_threads` threads, row-major."""
-    vec = 128 // dtype.width
-    threads_per_row = cols // vec
-    atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype,
-                               num_bits_per_copy=128)
+    """cp.async copies of a [rows, padded_head_dim(cols)] tile by `num_threads` threads, row-major: 16 bytes each
+    (cp.async.cg) for a HEAD_DIMS size, else `global_vec` pieces (cp.async.ca: 8 bytes of bf16 at K = 60, 100)."""
+    vec = 128 // dtype.width if cols in HEAD_DIMS else global_vec(dtype, cols)
+    threads_per_row = padded_head_dim(cols) // vec
+    cache_mode = cpasync.LoadCacheMode.GLOBAL if vec * dtype.width == 128 else cpasync.LoadCacheMode.ALWAYS
+    atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cache_mode), dtype, num_bits_per_copy=vec * dtype.width)
     thr_layout = cute.make_layout((num_threads // threads_per_row, threads_per_row),
                                   stride=(threads_per_row, 1))
     return cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, vec)))
@@ -108,14 +110,27 @@ def make_row_copy(dtype, cols: int, num_threads: int) -> cute.TiledCopy:
 @cute.jit
 def load_rows(tiled_copy: cute.TiledCopy, gX: cute.Tensor, sX: cute.Tensor, cX: cute.Tensor,
               tidx: cutlass.Int32, valid_rows: cutlass.Int32):
-    """cp.async the rows < valid_rows of a [chunk, cols] tile; other rows stay unwritten."""
+    """cp.async the rows < valid_rows of a [chunk, cols] tile; other rows stay unwritten. Where gX has fewer
+    columns than sX (a padded head size), sX's columns past gX's are set to +0 in every row instead: the intra
+    products sum over them."""
+    cols = cute.size(gX, mode=[1])
+    padded = cutlass.const_expr(cols != cute.size(sX, mode=[1]))
+    if cutlass.const_expr(padded):
+        gX = cute.make_tensor(gX.iterator, cute.make_layout(sX.shape, stride=gX.stride))
     thr_copy = tiled_copy.get_slice(tidx)
     tXgX = thr_copy.partition_S(gX)
     tXsX = thr_copy.partition_D(sX)
     tXcX = thr_copy.partition_S(cX)
     for m in cutlass.range_constexpr(cute.size(tXgX, mode=[1])):
-        if tXcX[0, m, 0][0] < valid_rows:
-            cute.copy(tiled_copy, tXgX[None, m, None], tXsX[None, m, None])
+        if cutlass.const_expr(padded):
+            if tXcX[0, m, 0][1] < cols:
+                if tXcX[0, m, 0][0] < valid_rows:
+                    cute.copy(tiled_copy, tXgX[None, m, None], tXsX[None, m, None])
+            else:
+                tXsX[None, m, None].fill(0.0)
+        else:
+            if tXcX[0, m, 0][0] < valid_rows:
+                cute.copy(tiled_copy, tXgX[None, m, None], tXsX[None, m, None])
 
 
 @cute.jit

@@ -21,7 +21,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warp
 
-from kdajit.templates.common import sync_group
+from kdajit.keys import HEAD_DIMS
+from kdajit.templates.common import global_vec, row_piece, sync_group
 
 VEC = 8  # columns per thread access: 16 bytes of bf16 / fp16 (two 16-byte loads for the fp32 gate)
 NUM_WARPS = 4
@@ -89,6 +90,50 @@ def store_vec_if(rVec: cute.Tensor, gVec: cute.Tensor, pred: cutlass.Boolean):
 
 
 @cute.jit
+def store_row_vec_if(rVec: cute.Tensor, dRow: cute.Tensor, col_tile: cutlass.Int32, pred: cutlass.Boolean):
+    """Store rVec (8 16-bit values) to columns 8 col_tile .. +7 of the global row dRow when `pred` holds: one
+    16-byte store where the row has a HEAD_DIMS length; else `global_vec` pieces, each also predicated on lying
+    inside the row (a padded head size: the tile's last columns are padding)."""
+    cols = cute.size(dRow)
+    if cutlass.const_expr(cols in HEAD_DIMS):
+        store_vec_if(rVec, cute.local_tile(dRow, (VEC,), (col_tile,)), pred)
+    else:
+        piece = global_vec(dRow.element_type, cols)
+        words_per_piece = piece * dRow.element_type.width // 32
+        words = cute.recast_tensor(rVec, cutlass.Int32)
+        operands = ", ".join("{$r%d}" % (w + 1) for w in range(words_per_piece))
+        ptx = {1: "st.global.b32 [{$r0}], %s;", 2: "st.global.v2.b32 [{$r0}], {%s};",
+               4: "st.global.v4.b32 [{$r0}], {%s};"}[words_per_piece] % operands
+        for s in cutlass.range_constexpr(VEC // piece):
+            col = col_tile * VEC + s * piece
+            cute.arch.inline_ptx(
+                ptx,
+                read_only_args=[row_piece(dRow, col, piece).iterator,
+                                *[words[s * words_per_piece + w] for w in range(words_per_piece)]],
+                predicate=pred & (col < cols))
+
+
+@cute.jit
+def load_row_vec(dRow: cute.Tensor, col_tile: cutlass.Int32, rVec: cute.Tensor):
+    """rVec (VEC values) <- columns VEC col_tile .. of the global row dRow, invariant (`ld.global.nc`) loads: 16 bytes
+    each where the row has a HEAD_DIMS length; else `global_vec` pieces, a piece past the row's end loaded from the
+    row's last piece instead (the load stays unconditional; those padding columns reach only outputs that are
+    never stored)."""
+    dtype = dRow.element_type
+    cols = cute.size(dRow)
+    if cutlass.const_expr(cols in HEAD_DIMS):
+        atom = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), dtype, num_bits_per_copy=128, invariant=True)
+        cute.copy(atom, cute.local_tile(dRow, (VEC,), (col_tile,)), rVec)
+    else:
+        piece = global_vec(dtype, cols)
+        atom = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), dtype, num_bits_per_copy=piece * dtype.width,
+                                   invariant=True)
+        for s in cutlass.range_constexpr(VEC // piece):
+            col = min(col_tile * VEC + s * piece, cols - piece)
+            cute.copy(atom, row_piece(dRow, col, piece), cute.local_tile(rVec, (piece,), (s,)))
+
+
+@cute.jit
 def zero_unless(rVec: cute.Tensor, keep: cutlass.Boolean):
     """rVec (8 16-bit values) <- +0 unless `keep`: one select per 32-bit word (two values), the same bits as a
     select per value without unpacking the pairs."""
@@ -143,7 +188,7 @@ def gate_row(rK: cute.Tensor, rG: cute.Tensor, rV: cute.Tensor, rQ: cute.Tensor,
     if cutlass.const_expr(output_qg):
         rQG = cute.make_rmem_tensor((VEC,), io)
         rQG.store((rQ.load().to(f32) * gate).to(io))
-        store_vec_if(rQG, cute.local_tile(dQG[row, None], (VEC,), (col_tile,)), row < valid_rows)
+        store_row_vec_if(rQG, dQG[row, None], col_tile, row < valid_rows)
 
 
 @cute.jit
@@ -153,7 +198,7 @@ def key_gate_row(rK: cute.Tensor, rG: cute.Tensor, rGlast: cute.Tensor, dKG: cut
     rKG = cute.make_rmem_tensor((VEC,), dKG.element_type)
     rKG.store((rK.load().to(cutlass.Float32) * cute.math.exp2(rGlast.load() - rG.load(), fastmath=True))
               .to(dKG.element_type))
-    store_vec_if(rKG, cute.local_tile(dKG[row, None], (VEC,), (col_tile,)), row < valid_rows)
+    store_row_vec_if(rKG, dKG[row, None], col_tile, row < valid_rows)
 
 
 @cute.jit
@@ -268,4 +313,4 @@ def product(tiled_mma: cute.TiledMma, s2r_B: cute.TiledCopy, tCrA: cute.Tensor, 
         row = warp_row0 + lane // col_tiles + p * rows_per_pass
         rRow = cute.make_rmem_tensor((VEC,), dOut.element_type)
         cute.autovec_copy(cute.local_tile(sOut[row, None], (VEC,), (col_tile,)), rRow)
-        store_vec_if(rRow, cute.local_tile(dOut[row, None], (VEC,), (col_tile,)), row < valid_rows)
+        store_row_vec_if(rRow, dOut[row, None], col_tile, row < valid_rows)

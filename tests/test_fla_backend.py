@@ -93,8 +93,9 @@ def test_declines_other_inputs(inputs, any_device):
     x = dict(inputs)
     assert "float16" in intra_reason({**x, "q": x["q"].half()})  # q fp16, k bf16
     assert "float32" in intra_reason({**x, **{n: x[n].float() for n in ("q", "k", "v")}})
-    assert "K" in intra_reason({**x, **{n: x[n][..., :96].contiguous() for n in ("q", "k", "gk")}})
-    assert "V (v.shape[-1])=96" in intra_reason({**x, "v": x["v"][..., :96].contiguous()})
+    assert "K" in intra_reason({**x, **{n: x[n][..., :98].contiguous() for n in ("q", "k", "gk")}})
+    assert "V (v.shape[-1])=98" in intra_reason({**x, "v": x["v"][..., :98].contiguous()})
+    assert intra_reason({**x, **{n: x[n][..., :100].contiguous() for n in ("q", "k", "v", "gk")}}) is None  # FLA's K
     # HV = 3 value heads cannot group the 2 query / key heads
     ungroupable = {**x, "v": x["v"][:, :, :1].repeat(1, 1, 3, 1), "gk": x["gk"][:, :, :1].repeat(1, 1, 3, 1),
                    "beta": x["beta"][:, :, :1].repeat(1, 1, 3)}

@@ -1,7 +1,7 @@
 """GPU: the specializations beside bf16 K = V = 128 keep every promise of the reference one.
 
 Each case is an io dtype (q, k, v and every output: bf16 or fp16) and head sizes K and V (64, 128 or
-256; K != V too), with beta in the io dtype (as FLA's fp16 tests draw it). For each, dense and varlen (partial
+256, or a padded size such as 60 or 100; K != V too), with beta in the io dtype (as FLA's fp16 tests draw it). For each, dense and varlen (partial
 chunks, 1-token sequences): every element written (outputs poisoned with NaN), outputs in the io
 dtype, error against the fp64 reference within the accuracy rule and the exact structure (Aqk zero
 above the diagonal, Akk unit lower triangular), the fused kernel (reference and a persistent
@@ -27,7 +27,8 @@ pytestmark = [pytest.mark.gpu,
 # (io dtype, K, V); the reference specialization (bf16, 128, 128) is tested everywhere else. The K != V pairs
 # put the smaller head on each side once, and 64 against 256 (v's rows and k's rows furthest apart).
 CASES = [("fp16", 128, 128), ("bf16", 64, 64), ("bf16", 256, 256), ("fp16", 64, 64), ("fp16", 256, 256),
-         ("bf16", 64, 128), ("bf16", 128, 64), ("fp16", 256, 64), ("bf16", 64, 256)]
+         ("bf16", 64, 128), ("bf16", 128, 64), ("fp16", 256, 64), ("bf16", 64, 256),
+         ("bf16", 60, 60), ("fp16", 100, 100), ("bf16", 100, 60)]  # padded head sizes (FLA's tests use 60 and 100)
 CASE_IDS = [f"{io}-K{K}" + (f"-V{V}" if V != K else "") for io, K, V in CASES]
 # A persistent configuration every case can build (one CTA per SM fits K = 256).
 PERSISTENT = FusedConfig(True, 1, "head", 1)

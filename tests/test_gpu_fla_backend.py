@@ -37,12 +37,12 @@ def counted(monkeypatch):
     return counts
 
 
-def kda_inputs(B, T, H, D, N, seed, clamp=True):
+def kda_inputs(B, T, H, D, N, seed, clamp=True, gate_scale=1.0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     q = F.normalize(torch.rand(B, T, H, D, device="cuda", generator=g), dim=-1).bfloat16()
     k = F.normalize(torch.rand(B, T, H, D, device="cuda", generator=g), dim=-1).bfloat16()
     v = torch.rand(B, T, H, D, device="cuda", generator=g).bfloat16()
-    gate = F.logsigmoid(torch.randn(B, T, H, D, device="cuda", generator=g))
+    gate = F.logsigmoid(torch.randn(B, T, H, D, device="cuda", generator=g)) * gate_scale
     gate = gate.clamp_min(-5.0) if clamp else gate
     beta = torch.rand(B, T, H, device="cuda", generator=g).sigmoid().bfloat16()
     h0 = torch.randn(N, H, D, D, device="cuda", generator=g)
@@ -70,16 +70,21 @@ def reference(q, k, v, gate, beta, h0, scale, cu):
     return torch.cat(outs, 1), torch.cat(states, 0)
 
 
-@pytest.mark.parametrize("B, T, H, cu, safe_gate", [
-    (4, 1024, 4, None, True), (2, 1000, 3, None, True), (1, 1000, 4, [0, 256, 500, 1000], True),
-    (2, 1000, 3, None, False), (1, 1000, 4, [0, 256, 500, 1000], False)],
-    ids=["B4-T1024-H4", "B2-T1000-H3", "varlen-256-500-1000", "B2-T1000-H3-any-gate", "varlen-any-gate"])
-def test_chunk_kda_with_kdajit_backend_matches_naive(counted, B, T, H, cu, safe_gate):
+# D = 60 and 100 are FLA's own padded head sizes: test_chunk's (2, 500, 3, 60) and (3, 1024, 4, 100) with gates
+# 10x steeper (gate_logit_normalizer 0.1), test_chunk_varlen's D = 100 lengths.
+@pytest.mark.parametrize("B, T, H, D, cu, safe_gate, gate_scale", [
+    (4, 1024, 4, 128, None, True, 1), (2, 1000, 3, 128, None, True, 1), (1, 1000, 4, 128, [0, 256, 500, 1000], True, 1),
+    (2, 1000, 3, 128, None, False, 1), (1, 1000, 4, 128, [0, 256, 500, 1000], False, 1),
+    (2, 500, 3, 60, None, True, 1), (3, 1024, 4, 100, None, False, 10),
+    (1, 2000, 4, 100, [0, 15, 100, 300, 1200, 2000], False, 1)],
+    ids=["B4-T1024-H4", "B2-T1000-H3", "varlen-256-500-1000", "B2-T1000-H3-any-gate", "varlen-any-gate",
+         "B2-T500-H3-D60", "B3-T1024-H4-D100-any-gate-x10", "varlen-D100-any-gate"])
+def test_chunk_kda_with_kdajit_backend_matches_naive(counted, B, T, H, D, cu, safe_gate, gate_scale):
     cu = torch.tensor(cu, dtype=torch.long, device="cuda") if cu is not None else None
     N = B if cu is None else len(cu) - 1
-    tensors = kda_inputs(B, T, H, 128, N, seed=42, clamp=safe_gate)
+    tensors = kda_inputs(B, T, H, D, N, seed=42, clamp=safe_gate, gate_scale=gate_scale)
     q, k, v, gate, beta, h0 = tensors
-    scale = 128 ** -0.5
+    scale = D ** -0.5
     do = torch.randn_like(v, dtype=torch.float32).bfloat16()
     dht = torch.randn_like(h0)
 
@@ -103,7 +108,7 @@ def test_chunk_kda_with_kdajit_backend_matches_naive(counted, B, T, H, cu, safe_
 
 
 def test_backend_declines_what_kdajit_does_not_cover_and_takes_any_gate(counted):
-    q, k, v, gate, beta, h0 = kda_inputs(1, 128, 2, 100, 1, seed=0)  # K = 100 (FLA's tests): not covered yet
+    q, k, v, gate, beta, h0 = kda_inputs(1, 128, 2, 98, 1, seed=0)  # K = 98: not a multiple of 4
     with kdajit_fla.enabled(), torch.no_grad():
         fla_kda.chunk_kda(q, k, v, gate, beta, initial_state=h0, output_final_state=True, safe_gate=True)
         assert counted == {"chunk_kda_fwd_intra": 0, "recompute_w_u": 0}

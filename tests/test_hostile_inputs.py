@@ -111,9 +111,10 @@ CASES = [
     ("T=0 with cu_seqlens to 64", dict(inputs(tokens=0), cu_seqlens=cu(0, 64)), ValueError,
      ["cu_seqlens", "T=0", "last=64"]),
     # unsupported specializations
-    ("K=96", dict(q=torch.zeros(B, T, H, 96, dtype=bf16)), NotImplementedError, ["K", "96", "[64, 128, 256]"]),
+    ("K=98", dict(q=torch.zeros(B, T, H, 98, dtype=bf16)), NotImplementedError, ["K", "98", "a multiple of 4"]),
+    ("K=260", dict(q=torch.zeros(B, T, H, 260, dtype=bf16)), NotImplementedError, ["K", "260", "to 256"]),
     ("K=256 with k of K=128", dict(q=torch.zeros(B, T, H, 256, dtype=bf16)), ValueError, ["k", "[1, 130, 2, 256]"]),
-    ("V=96", dict(v=torch.zeros(B, T, H, 96, dtype=bf16)), NotImplementedError, ["V", "96", "[64, 128, 256]"]),
+    ("V=98", dict(v=torch.zeros(B, T, H, 98, dtype=bf16)), NotImplementedError, ["V", "98", "a multiple of 4"]),
     ("chunk 128", dict(chunk_size=128), NotImplementedError, ["chunk_size", "128", "[32, 64]"]),
     ("chunk 64.0", dict(chunk_size=64.0), TypeError, ["chunk_size", "Python int", "float"]),
     ("chunk True", dict(chunk_size=True), TypeError, ["chunk_size", "bool"]),

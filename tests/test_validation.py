@@ -8,7 +8,7 @@ import torch
 
 import kdajit
 from kdajit import api, validate
-from kdajit.keys import HEAD_DIMS
+from kdajit.keys import HEAD_DIMS, PADDED_HEAD_DIM_EXAMPLES
 from kdajit.outputs import IO_TORCH_DTYPES
 
 B, T, H, K, V = 1, 130, 2, 128, 128
@@ -41,7 +41,7 @@ CASES = [
     ("beta wrong dtype", dict(beta=torch.rand(B, T, H, dtype=torch.float64)), TypeError, ["beta", "float64"]),
     ("q not a tensor", dict(q=[1.0]), TypeError, ["q", "torch.Tensor", "list"]),
     ("q 3-D", dict(q=torch.randn(T, H, K).to(torch.bfloat16)), ValueError, ["q", "4-D", "[130, 2, 128]"]),
-    ("K unsupported", dict(q=torch.randn(B, T, H, 96).to(torch.bfloat16)), NotImplementedError, ["K", "96", "128"]),
+    ("K unsupported", dict(q=torch.randn(B, T, H, 98).to(torch.bfloat16)), NotImplementedError, ["K", "98", "4"]),
     ("k shape", dict(k=torch.randn(B, T, H + 1, K).to(torch.bfloat16)), ValueError, ["k", "[1, 130, 3, 128]"]),
     ("gk shape", dict(gk=torch.randn(B, T - 1, H, K)), ValueError, ["gk", "[1, 129, 2, 128]"]),
     ("beta shape", dict(beta=torch.rand(B, T, H, 1).to(torch.bfloat16)), ValueError, ["beta", "[B, T, HV]"]),
@@ -49,7 +49,7 @@ CASES = [
      ["gk", "multiple of H=2", "[1, 130, 3, 128]"]),
     ("beta heads not gk's", dict(gk=torch.randn(B, T, 2 * H, K)), ValueError, ["beta", "[1, 130, 4]", "HV"]),
     ("v shape", dict(v=torch.randn(B, T, H + 1, V).to(torch.bfloat16)), ValueError, ["v", "[1, 130, 3, 128]"]),
-    ("V unsupported", dict(v=torch.randn(B, T, H, 96).to(torch.bfloat16)), NotImplementedError, ["V", "96"]),
+    ("V unsupported", dict(v=torch.randn(B, T, H, 98).to(torch.bfloat16)), NotImplementedError, ["V", "98"]),
     ("q non-contiguous", dict(q=torch.randn(B, T, K, H).to(torch.bfloat16).transpose(2, 3)), ValueError,
      ["q", "contiguous"]),
     ("k misaligned view", dict(k=torch.randn(B * T * H * K + 1).to(torch.bfloat16)[1:].view(B, T, H, K)),
@@ -285,7 +285,7 @@ def test_grid_limit_on_varlen_chunk_count():
         call_forward(cu_seqlens=cu)
 
 
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS + PADDED_HEAD_DIM_EXAMPLES)
 @pytest.mark.parametrize("io", sorted(IO_TORCH_DTYPES))
 def test_every_covered_io_dtype_and_head_size_is_accepted(io, head_dim, monkeypatch):
     monkeypatch.setattr(validate, "check_devices", lambda **tensors: None)  # the last rule: CPU tensors pass
