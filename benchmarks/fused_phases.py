@@ -1,7 +1,7 @@
 """Where the fused kernel's time goes: time variants of it that leave phases out.
 
-    python benchmarks/fused_phases.py --export DIR [--chunk 32]     # compile the variants (works without a GPU)
-    python benchmarks/fused_phases.py [--objects DIR] [--chunk 32] [--json out.json]   # time them on the GPU
+    python benchmarks/fused_phases.py --export DIR [--chunk 32] [--gate any]    # compile the variants (no GPU needed)
+    python benchmarks/fused_phases.py [--objects DIR] [--chunk 32] [--gate any] [--json out.json]   # time them
     ncu --profile-from-start off --clock-control none --set full -o OUT \
         python benchmarks/fused_phases.py --objects DIR --only tile-w8.all --profile    # one launch, under ncu
 
@@ -12,7 +12,8 @@ its phases: loads (q, k, g cp.async, v, beta), intra (Aqk, L), inverse (Akk), re
 A variant without some phase computes garbage (it is a timing instrument, never cached and never
 reachable from `kdajit.forward`); the differences between variants bound what each phase costs when
 the others run beside it. Shape: B=2 T=8192 H=64, bf16 beta, output_qg=False (the main bench row), chunk 64
-unless `--chunk 32`.
+unless `--chunk 32`, the safe-gate path unless `--gate any` (safe_gate=False: the exact diagonal blocks; the timed
+inputs' gates are the safe ones either way, which the any-gate kernel's time does not depend on).
 Variants are compiled in this process unless `--objects` names a directory written by `--export`.
 """
 from __future__ import annotations
@@ -33,11 +34,11 @@ VARIANTS = {  # name: phases kept
 CONFIGS = {"tile": dict(), "tile-w8": dict(warps=8)}
 
 
-def variant_kernel(config_name: str, phases: tuple[str, ...], chunk: int):
+def variant_kernel(config_name: str, phases: tuple[str, ...], chunk: int, safe_gate: bool):
     from kdajit.keys import ForwardSpec, FusedConfig
     from kdajit.templates.fused_forward import FusedForward
 
-    spec = ForwardSpec("bf16", "dense", 128, 128, chunk, False, "sm_90a")
+    spec = ForwardSpec("bf16", "dense", 128, 128, chunk, False, "sm_90a", safe_gate=safe_gate)
     key = spec.fused_key(FusedConfig(**CONFIGS[config_name]))
     kernel = FusedForward(key)
     kernel.phases = phases
@@ -56,18 +57,19 @@ def selected(only: list[str] | None) -> list[tuple[str, str]]:
     return [(c, n) for c, n in pairs if f"{c}.{n}" in only]
 
 
-def export(directory: str, chunk: int, only: list[str] | None) -> None:
+def export(directory: str, chunk: int, only: list[str] | None, safe_gate: bool) -> None:
     from kdajit import compiler
 
     os.makedirs(directory, exist_ok=True)
     for config_name, name in selected(only):
-        key, kernel = variant_kernel(config_name, VARIANTS[name], chunk)
+        key, kernel = variant_kernel(config_name, VARIANTS[name], chunk, safe_gate)
         compiled = compiler.compile_template(kernel, key.arch)
         compiler.export_object(compiled, os.path.join(directory, f"{config_name}.{name}.o"))
         print(f"{config_name} {name}: compiled in {compiled.kdajit_compile_s:.1f} s", flush=True)
 
 
-def time_variants(objects: str | None, chunk: int, only: list[str] | None, profile: bool) -> list[dict]:
+def time_variants(objects: str | None, chunk: int, only: list[str] | None, profile: bool,
+                  safe_gate: bool) -> list[dict]:
     """Median times of the selected variants; with `profile`, instead one launch of each between
     cudaProfilerStart and cudaProfilerStop (for `ncu --profile-from-start off`), after a warm-up."""
     import torch
@@ -92,7 +94,7 @@ def time_variants(objects: str | None, chunk: int, only: list[str] | None, profi
         if objects:
             fn = compiler.load_object(os.path.join(objects, f"{config_name}.{name}.o"))
         else:
-            key, kernel = variant_kernel(config_name, phases, chunk)
+            key, kernel = variant_kernel(config_name, phases, chunk, safe_gate)
             fn = compiler.callable_of(compiler.compile_template(kernel, key.arch))
         call = lambda: api._launch(fn, FusedForwardKey, **inputs, Aqk=outs[0], Akk=outs[1], w=outs[2],
                                    u=outs[3], kg=outs[4], qg=qg, cu_seqlens=dummy,
@@ -108,7 +110,8 @@ def time_variants(objects: str | None, chunk: int, only: list[str] | None, profi
             print(f"profiled {config_name}.{name}", flush=True)
             continue
         ms = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
-        results.append({"config": config_name, "variant": name, "phases": list(phases), "chunk": chunk, "ms": ms})
+        results.append({"config": config_name, "variant": name, "phases": list(phases), "chunk": chunk,
+                        "safe_gate": safe_gate, "ms": ms})
         print(f"| {config_name} | {name} | {ms:.3f} |", flush=True)
     return results
 
@@ -118,19 +121,21 @@ def main(argv=None) -> int:
     parser.add_argument("--export", metavar="DIR", help="compile every variant to object files in DIR and exit")
     parser.add_argument("--objects", metavar="DIR", help="load the variants from DIR instead of compiling")
     parser.add_argument("--chunk", type=int, choices=(32, 64), default=64, help="chunk size (default 64)")
+    parser.add_argument("--gate", choices=("safe", "any"), default="safe",
+                        help="the safe-gate path (default) or the any-gate path (safe_gate=False)")
     parser.add_argument("--json", help="write the timings here")
     parser.add_argument("--only", nargs="+", metavar="CONFIG.VARIANT", help="only these variants (e.g. tile-w8.all)")
     parser.add_argument("--profile", action="store_true",
                         help="launch each variant once between cudaProfilerStart/Stop (for ncu) instead of timing")
     args = parser.parse_args(argv)
     if args.export:
-        export(args.export, args.chunk, args.only)
+        export(args.export, args.chunk, args.only, args.gate == "safe")
         return 0
     if args.profile and args.json:
         parser.error("--json: nothing is timed with --profile")
     if not args.profile:
         print("| config | phases kept | ms |\n|---|---|---|")
-    results = time_variants(args.objects, args.chunk, args.only, args.profile)
+    results = time_variants(args.objects, args.chunk, args.only, args.profile, args.gate == "safe")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=.gpu-cache/cpu
-rm -rf "$root" .gpu-cache/phases .gpu-cache/cpu.tar.xz  # keeps triton.tar.xz (h200_session.sh)
+rm -rf "$root" .gpu-cache/phases .gpu-cache/pany/head .gpu-cache/cpu.tar.xz  # keeps triton.tar.xz (h200_session.sh)
 config_words() {  # --config words of every non-reference configuration the tuner builds with QG $1 (on|off)
   python -c '
 import dataclasses, sys
@@ -27,6 +27,8 @@ precompile() { precompile_chunk 64 "$@"; }
 fused_bf16_128() { precompile --only fused_forward --io bf16 --kv 128 "$@"; }  # the fused configuration space
 cov() { precompile --gate safe "$@"; }  # the safe-gate coverage kernels (the any-gate ones are listed below)
 python benchmarks/fused_phases.py --export .gpu-cache/phases
+python benchmarks/fused_phases.py --export .gpu-cache/pany/head --gate any --only tile-w8.all tile-w8.loads+intra \
+  tile-w8.compute-only
 precompile --io bf16 --kv 128                      # every reference kernel of bf16 K = V = 128, both gate paths
 # tests/test_gpu_coverage.py: fp16 and K = V = 64, 256 with beta in the io dtype, dense and cu32; QG on with the
 # reference and a persistent configuration, QG off with the reference and tile-w8 (also the coverage bench rows)
@@ -53,6 +55,10 @@ for qg_config in "on --config $persistent_c1" "off --config $tile_w8"; do
   cov --io bf16 --beta bf16 --kv 60,100x60,100 --varlen dense,cu32 --qg "$qg" --config ref "$flag" "$config"
   cov --io fp16 --beta fp16 --kv 100 --varlen dense,cu32 --qg "$qg" --config ref "$flag" "$config"
 done
+# the K = 60 / 100 bench rows in head-raster persistent configurations (adjacent heads' rows share 32-byte sectors)
+cov --io bf16 --beta bf16 --kv 60,100 --varlen dense --qg off \
+  --config "persistent=true;ctas_per_sm=2;raster=head;loads_ahead=0" \
+  --config "persistent=true;ctas_per_sm=2;raster=head;loads_ahead=0;warps=8"
 # tests/test_gpu_fla_backend.py's FLA shapes with D = 60 (safe gate) and 100 (any gate), dense and cu64
 precompile --gate safe --io bf16 --beta bf16 --kv 60 --varlen dense --qg on --config ref
 precompile --gate safe --io bf16 --beta bf16 --kv 60 --varlen dense --qg off --config ref --config "$tile_w8"
@@ -71,5 +77,5 @@ fused_bf16_128 --gate any --beta fp32 --varlen dense,cu64 --qg off "${configs[@]
 fused_bf16_128 --gate any --beta fp32 --varlen dense,cu64 --qg on "${qg_configs[@]}"
 precompile --gate any --io fp16 --beta fp16 --kv 64 --varlen cu64 --qg on --config ref
 precompile --gate any --io bf16 --beta bf16 --kv 256 --varlen cu64 --qg on --config ref
-tar -C .gpu-cache -cJf .gpu-cache/cpu.tar.xz cpu phases
+tar -C .gpu-cache -cJf .gpu-cache/cpu.tar.xz cpu phases pany
 ls -la .gpu-cache/cpu.tar.xz

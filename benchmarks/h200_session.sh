@@ -8,7 +8,7 @@
 # (fused-kernel GPU tests), bench (bench_forward, every row, with --plot),
 # benchmain (the two main rows, every fused configuration; BENCH_ROWS, BENCH_CONFIGS, BENCH_LIMIT), benchcov
 # (the coverage rows, tile configurations), phases (fused_phases, objects from the
-# tarball), dslfree (benchmarks/dsl_free_load.py), host (bench_host), tune (kdajit tune at the two
+# tarball), phasesany (fused_phases --gate any on each object directory under the tarball's pany/), dslfree (benchmarks/dsl_free_load.py), host (bench_host), tune (kdajit tune at the two
 # tuning-evidence shapes), fla (FLA-backend GPU tests and bench), flabench (bench_fla_backend alone),
 # stress (determinism replays), stressnoqg (replays without QG, forward's tile-w8 route), stressrest (stress but the bf16 run), stress10m_fla (the 10M run beside
 # the FLA-backend tests), stressconfigs (replays under other fused configurations), sanitizer
@@ -92,6 +92,13 @@ run_stage() {
         --json "$out/benchcov.json" ;;
     phases)
       stage phases 240 python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases --json "$out/phases.json" ;;
+    phasesany)  # the any-gate variants of every object directory under the tarball's pany/ (h200_precompile.sh
+      # exports this tree's as pany/head; an experiment adds its own beside it)
+      for dir in /tmp/precompiled/pany/*/; do
+        name=$(basename "$dir")
+        stage "phasesany_$name" 120 python3 benchmarks/fused_phases.py --objects "$dir" --gate any \
+          --only $(cd "$dir" && ls *.o | sed 's/\.o$//') --json "$out/phasesany_$name.json"
+      done ;;
     dslfree)  # a cached fused kernel linked into a shared library and run through TVM-FFI alone (no DSL import)
       stage dslfree 90 python3 benchmarks/dsl_free_load.py --json "$out/dsl_free.json" ;;
     host)

@@ -24,7 +24,8 @@ replaced by zero with a select or never stored, exactly as in the standalone ker
 With 8 warps (`FusedConfig.warps`, no QG, loads_ahead 0; `two_group_tile`) the same phases run on two
 groups of 4 warps: the intra blocks are spread over all 8 warps (tile_intra.WARP_GROUPS_8), and group 1
 (warps 4-7), whose diagonal blocks are the shorter, then issues its v loads and computes KG while group 0
-finishes; then group 0 (warps 0-3) runs phase 3 and stages the A tile while group 1 computes Kp and Vp,
+finishes (on the any-gate path, where its exact diagonal blocks are the longer, KG waits until after its Kp and
+Vp); then group 0 (warps 0-3) runs phase 3 and stages the A tile while group 1 computes Kp and Vp,
 writing Kp into q's buffer (q is consumed by then; the work region still holds L); then group 0 multiplies
 and stores W while group 1 multiplies and stores U. Each group synchronizes on its own named
 barrier; every element still comes from the same device function on the same operands.
@@ -355,13 +356,17 @@ class FusedForward:
                        lane, valid_rows, scale, warp_schedule(8, self.safe_gate, C), self.safe_gate)
             zero_rows_from(l_copy, sL, tidx, valid_rows)
         recompute = cutlass.const_expr("recompute" in self.phases)
+        # On the safe-gate path (and at chunk 32) group 1's intra blocks (the diagonal ones) are the shorter: its
+        # v loads and KG (which reads only k and g) fill the wait for group 0's, off group 0's inverse path. On the
+        # any-gate path its exact diagonal blocks are the longer ones, so KG follows its Kp and Vp instead
+        # (H200, 2026-12-04: 1.292 against 1.323 ms with EXACT_UNROLL 2; docs/performance.md).
+        kg_early = cutlass.const_expr(self.safe_gate or C == 32)
         if cutlass.const_expr(recompute):
-            # Group 1's intra blocks (the diagonal ones) are the shorter: its v loads and KG (which reads only
-            # k and g) fill the wait for group 0's, off group 0's inverse path.
             if not first_group:
                 self.load_v_rows(mV, batch, head, row0, valid_rows, group_tidx, rV)
-                self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
-                               batch, head, row0, valid_rows, group_tidx, "keys")
+                if cutlass.const_expr(kg_early):
+                    self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
+                                   batch, head, row0, valid_rows, group_tidx, "keys")
         cute.arch.sync_threads()  # L complete; q consumed (its buffer becomes Kp)
 
         if first_group:
@@ -377,6 +382,9 @@ class FusedForward:
             if cutlass.const_expr(recompute):
                 self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
                                batch, head, row0, valid_rows, group_tidx, "operands")
+                if cutlass.const_expr(not kg_early):
+                    self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
+                                   batch, head, row0, valid_rows, group_tidx, "keys")
         cute.arch.sync_threads()  # the A tile, Kp and Vp complete
         if cutlass.const_expr(recompute):
             threads = product_threads(C)  # of each group: all 4 warps at chunk 64, warps 0-1 / 4-5 at 32

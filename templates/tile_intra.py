@@ -72,6 +72,9 @@ WARP_GROUPS_32_8 = WARP_GROUPS_32 + ((),) * 4
 # 4-warp tile config is faster (1.16 against 1.20 ms); unrolled once, the 8-warp one is (1.05 against 1.31 ms),
 # with 10 KB less SASS per kernel.
 MAINLOOP_UNROLL = {WARP_GROUPS: 2, WARP_GROUPS_8: 1, WARP_GROUPS_EXACT: 2, WARP_GROUPS_32: 2, WARP_GROUPS_32_8: 1}
+# `exact_diagonal`'s steps of EXACT_STEP columns per loop iteration, by schedule (any gate; the same operations in the
+# same order). In the 8-warp kernel four beat one: tile-w8 1.281 ms against 1.358 (two: 1.323; H200, 2026-12-04).
+EXACT_UNROLL = {WARP_GROUPS_8: 4, WARP_GROUPS_EXACT: 2, WARP_GROUPS_32: 2, WARP_GROUPS_32_8: 1}
 
 
 def warp_schedule(warps: int, safe_gate: bool, chunk: int = 64) -> tuple:
@@ -172,9 +175,10 @@ def intra_tile(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: c
             a = instance_lookup(warp_idx, j, instances, lambda group: group[0])
             col_blocks = [instance_lookup(warp_idx, j, instances, lambda group, n=n: group[1][n])
                           for n in range(width)]
+            exact = diagonal and not safe_gate
             if SUB * a < valid_rows:
                 row_block_group(tiled_mma, sQ, sK, sG, sBeta, dAqk, dL, lane, valid_rows, scale,
-                                a, diagonal, col_blocks, MAINLOOP_UNROLL[schedule], diagonal and not safe_gate)
+                                a, diagonal, col_blocks, (EXACT_UNROLL if exact else MAINLOOP_UNROLL)[schedule], exact)
 
 
 def group_kinds(schedule) -> list:
@@ -211,8 +215,8 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
                     diagonal: cutlass.Constexpr, col_blocks: list, unroll: cutlass.Constexpr,
                     exact: cutlass.Constexpr = False):
     """Blocks (a, b) for b in col_blocks (run-time block indices), all with one reference row; also the
-    zero blocks b > a when `diagonal` (then col_blocks == [a]). `unroll`: mainloop steps per iteration
-    (MAINLOOP_UNROLL). `exact` (diagonal blocks of the any-gate path): the sums come from `exact_diagonal`
+    zero blocks b > a when `diagonal` (then col_blocks == [a]). `unroll`: mainloop (or `exact_diagonal`) steps per
+    iteration (MAINLOOP_UNROLL, EXACT_UNROLL). `exact` (diagonal blocks of the any-gate path): the sums come from `exact_diagonal`
     instead of the TF32 mainloop; the epilogue is the same."""
     head_k = cute.size(sQ, mode=[1])
     row_blocks = cute.size(sQ, mode=[0]) // SUB

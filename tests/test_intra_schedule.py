@@ -1,0 +1,37 @@
+"""CPU: every intra warp schedule computes and stores each block of the tile exactly once.
+
+A schedule (templates/tile_intra.py) lists per warp the groups it runs: (row block a, diagonal?, column blocks). A
+block left out would leave Aqk and L unwritten there (the GPU tests poison outputs, but only on the shapes and
+configurations they run); a block listed twice would be written by two warps. This checks every schedule
+`warp_schedule` can return against the tile's lower-triangular block set, and that each has an unroll factor for
+both of its loops, without a GPU.
+"""
+import collections
+
+import pytest
+
+from kdajit import compiler
+
+compiler._cute()  # CuTe DSL with the arch pinned, before the template module imports it
+from kdajit.templates import tile_intra  # noqa: E402
+
+SCHEDULES = {(warps, safe_gate, chunk): tile_intra.warp_schedule(warps, safe_gate, chunk)
+             for warps in (4, 8) for safe_gate in (True, False) for chunk in (32, 64)}
+
+
+@pytest.mark.parametrize("warps, safe_gate, chunk", sorted(SCHEDULES))
+def test_each_block_is_written_once(warps, safe_gate, chunk):
+    schedule = SCHEDULES[(warps, safe_gate, chunk)]
+    assert len(schedule) == warps
+    count = collections.Counter()
+    for groups in schedule:
+        for a, diagonal, col_blocks in groups:
+            assert not diagonal or tuple(col_blocks) == (a,), f"diagonal group {a} lists columns {col_blocks}"
+            assert diagonal or all(b < a for b in col_blocks), f"off-diagonal group {a} lists {col_blocks}"
+            count.update((a, b) for b in col_blocks)
+    blocks = chunk // tile_intra.SUB
+    expected = {(a, b) for a in range(blocks) for b in range(a + 1)}
+    assert set(count) == expected, f"missing {sorted(expected - set(count))}, extra {sorted(set(count) - expected)}"
+    assert all(n == 1 for n in count.values()), {block: n for block, n in count.items() if n > 1}
+    unrolls = tile_intra.EXACT_UNROLL if not safe_gate else tile_intra.MAINLOOP_UNROLL
+    assert schedule in tile_intra.MAINLOOP_UNROLL and schedule in unrolls
