@@ -4,18 +4,17 @@
                                        [--plot out.png]
 
 Rows (K = V = 128, bf16 q/k/v, chunk 64, output_qg=False, FLA with safe_gate=True; with `--gate any`, FLA's
-logsigmoid gates and safe_gate=False on both sides): B=2 T=8192 H=64 with bf16
-and fp32 beta; 32 packed sequences of lengths uniform in 1..4096 (seed 0), H=64; B=1 T=8192 H=32;
-B=8 T=2048 H=32; B=1 T=65536 H=8. The coverage rows (`--rows coverage`, not in `all`): B=2 T=8192 H=64 with
-fp16 q/k/v and beta, with K = V = 64 and 256 (bf16), with the padded sizes K = V = 60 and 100 (bf16), with grouped
-value heads (q, k with 16 heads, v, gk, beta and the outputs with 64), and with chunk_size 32. Every input set is larger than the H200's 50 MB
-L2, so one set is timed without rotation. Per row: median time (triton.testing.do_bench: warm-up, then the
-median of >= 20 timed runs) of FLA, `forward` as a user calls it (no tuning record: the spec's untuned
-configuration of the fused kernel, or the standalone kernels where `forward` runs those), and the standalone route
-(intra + inverse + recompute), the ratio FLA / forward, the fraction of the HBM floor (minimal traffic:
-each input read once, each output written once, at the measured copy rate), and a per-kernel breakdown
-from the torch profiler. `--configs` also times every fused configuration that fits the row (or the ones
-named, e.g. `--configs tile,tile-w8`). Prints a markdown table.
+logsigmoid gates and safe_gate=False on both sides): B=2 T=8192 H=64 with bf16 and fp32 beta; 32 packed sequences of
+lengths uniform in 1..4096 (seed 0), H=64; B=1 T=8192 H=32; B=8 T=2048 H=32; B=1 T=65536 H=8. The coverage rows
+(`--rows coverage`, not in `all`): B=2 T=8192 H=64 with fp16 q/k/v and beta, with K = V = 64 and 256 (bf16), with
+the padded sizes K = V = 60 and 100 (bf16), with grouped value heads (q, k with 16 heads, v, gk, beta and the
+outputs with 64), and with chunk_size 32. Every input set is larger than the H200's 50 MB L2, so one set is timed
+without rotation. Per row: median time (triton.testing.do_bench: warm-up, then the median of >= 20 timed runs) of
+FLA, `forward` as a user calls it (no tuning record: the spec's untuned configuration of the fused kernel, or the
+standalone kernels where `forward` runs those), and the standalone route (intra + inverse + recompute), the ratio
+FLA / forward, the fraction of the HBM floor (minimal traffic: each input read once, each output written once, at
+the measured copy rate), and a per-kernel breakdown from the torch profiler. `--configs` also times every fused
+configuration that fits the row (or the ones named, e.g. `--configs tile,tile-w8`). Prints a markdown table.
 """
 from __future__ import annotations
 

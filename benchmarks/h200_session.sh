@@ -8,7 +8,8 @@
 # (fused-kernel GPU tests), bench (bench_forward, every row, with --plot),
 # benchmain (the two main rows, every fused configuration; BENCH_ROWS, BENCH_CONFIGS, BENCH_LIMIT), benchcov
 # (the coverage rows, tile configurations), phases (fused_phases, objects from the
-# tarball), phasesany (fused_phases --gate any on each object directory under the tarball's pany/), dslfree (benchmarks/dsl_free_load.py), host (bench_host), tune (kdajit tune at the two
+# tarball), phasesany (fused_phases --gate any on each object directory under the tarball's pany/), dslfree
+# (benchmarks/dsl_free_load.py), host (bench_host), tune (kdajit tune at the two
 # tuning-evidence shapes), fla (FLA-backend GPU tests and bench), flabench (bench_fla_backend alone),
 # stress (determinism replays), stressnoqg (replays without QG, forward's tile-w8 route), stressrest (stress but the bf16 run), stress10m_fla (the 10M run beside
 # the FLA-backend tests), stressconfigs (replays under other fused configurations), sanitizer

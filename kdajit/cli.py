@@ -187,8 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--io", action="append", help=f"q/k/v dtypes, of {', '.join(keys.IO_DTYPES)}")
     p.add_argument("--beta", action="append", help=f"beta dtypes, of {', '.join(keys.BETA_DTYPES)}")
     p.add_argument("--varlen", action="append", help=f"varlen modes, of {', '.join(keys.VARLEN_MODES)}")
-    p.add_argument("--kv", action="append", help="head dims: K (V=K) or KxV, e.g. 128, 128x64 or 100 (default: 64, 128, 256; "
-                   "any multiple of 4 up to 256)")
+    p.add_argument("--kv", action="append", help="head dims: K (V=K) or KxV, e.g. 128, 128x64 or 100 "
+                   "(default: 64, 128, 256; any multiple of 4 up to 256)")
     p.add_argument("--chunk", action="append", help=f"chunk sizes, of {', '.join(map(str, keys.CHUNK_SIZES))}")
     p.add_argument("--qg", choices=sorted(keyspec.QG_CHOICES), default="both", help="output_qg variants")
     p.add_argument("--gate", choices=sorted(keyspec.GATE_CHOICES), default="both",

@@ -56,7 +56,8 @@ Sizes are template parameters (chunk, head_k, head_v from the key); the device f
 implement chunk 64 and 32 and K, V of keys.HEAD_DIMS sizes or padded ones (`can_implement`; K != V computes Vp
 in v's own rows and columns after the gate rows). A padded size (60, 100) runs the tile of
 `keys.padded_head_dim(K)` columns: q, k, g columns past K are +0 in shared memory (so every intra product and
-gate row sees exact zeros there), global rows are read and written in 8-byte pieces that stop at the row's end. At K = V = 64 a CTA needs 74,752 B (three fit an SM); at 256, 208,896 B (one).
+gate row sees exact zeros there), global rows are read and written in 8-byte pieces that stop at the row's end.
+At K = V = 64 a CTA needs 74,752 B (three fit an SM); at 256, 208,896 B (one).
 """
 from __future__ import annotations
 
@@ -198,7 +199,8 @@ class FusedForward:
         self.smem_struct, self.inverse_work, self.recompute_work = smem_struct, inverse_work, recompute_work
         self.kernel(mQ, mK, mV, mGk, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, scale,
                     tiles[0], make_tf32_mma(), make_row_copy(self.io, self.key.head_k, self.num_threads),
-                    make_row_copy(f32, self.key.head_k, self.num_threads), make_l_load_copy(self.num_threads, self.chunk),
+                    make_row_copy(f32, self.key.head_k, self.num_threads),
+                    make_l_load_copy(self.num_threads, self.chunk),
                     make_akk_store_copy(GROUP_THREADS, self.io, self.chunk), make_recompute_mma(self.chunk, self.io),
                     layouts.akk, layouts.kp, layouts.vp, layouts.out_w, layouts.out_u).launch(
             grid=grid, block=(self.num_threads, 1, 1), stream=stream,

@@ -216,8 +216,8 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
                     exact: cutlass.Constexpr = False):
     """Blocks (a, b) for b in col_blocks (run-time block indices), all with one reference row; also the
     zero blocks b > a when `diagonal` (then col_blocks == [a]). `unroll`: mainloop (or `exact_diagonal`) steps per
-    iteration (MAINLOOP_UNROLL, EXACT_UNROLL). `exact` (diagonal blocks of the any-gate path): the sums come from `exact_diagonal`
-    instead of the TF32 mainloop; the epilogue is the same."""
+    iteration (MAINLOOP_UNROLL, EXACT_UNROLL). `exact` (diagonal blocks of the any-gate path): the sums come from
+    `exact_diagonal` instead of the TF32 mainloop; the epilogue is the same."""
     head_k = cute.size(sQ, mode=[1])
     row_blocks = cute.size(sQ, mode=[0]) // SUB
     thr_mma = tiled_mma.get_slice(lane)

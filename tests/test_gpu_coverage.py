@@ -1,11 +1,11 @@
 """GPU: the specializations beside bf16 K = V = 128 keep every promise of the reference one.
 
-Each case is an io dtype (q, k, v and every output: bf16 or fp16) and head sizes K and V (64, 128 or
-256, or a padded size such as 60 or 100; K != V too), with beta in the io dtype (as FLA's fp16 tests draw it). For each, dense and varlen (partial
-chunks, 1-token sequences): every element written (outputs poisoned with NaN), outputs in the io
-dtype, error against the fp64 reference within the accuracy rule and the exact structure (Aqk zero
-above the diagonal, Akk unit lower triangular), the fused kernel (reference and a persistent
-configuration, and with QG off the 8-warp tile configuration) bitwise equal to the standalone route, causal bits (appending tokens keeps earlier
+Each case is an io dtype (q, k, v and every output: bf16 or fp16) and head sizes K and V (64, 128 or 256, or a
+padded size such as 60 or 100; K != V too), with beta in the io dtype (as FLA's fp16 tests draw it). For each, dense
+and varlen (partial chunks, 1-token sequences): every element written (outputs poisoned with NaN), outputs in the io
+dtype, error against the fp64 reference within the accuracy rule and the exact structure (Aqk zero above the
+diagonal, Akk unit lower triangular), the fused kernel (reference and a persistent configuration, and with QG off
+the 8-warp tile configuration) bitwise equal to the standalone route, causal bits (appending tokens keeps earlier
 rows), and each output's error at most FLA's on the same inputs times docs/contract.md's factor.
 Grouped value heads (q, k with H heads; v, gk, beta and the outputs with HV = group * H) keep the same
 promises and give the bits of the ungrouped call on q, k with each head repeated `group` times.
