@@ -214,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--varlen", choices=("cu32", "cu64"), default="cu32", help="cu_seqlens dtype of H:len shapes")
     t.add_argument("--qg", choices=("off", "on"), default="off", help="output_qg")
     t.add_argument("--io", choices=keys.IO_DTYPES, default="bf16", help="q/k/v dtype (default bf16)")
-    t.add_argument("--kv", default="128", help="head dims: K (V=K) or KxV, e.g. 128 or 64x128 (default 128)")
+    t.add_argument("--kv", default="128", help="head dims: K (V=K) or KxV, e.g. 128, 64x128 or 100 (default 128; "
+                   "any multiple of 4 up to 256)")
     t.add_argument("--gate", choices=("safe", "any"), default="safe",
                    help="gate path: safe (safe_gate=True, default) or any (safe_gate=False)")
     t.add_argument("--force", action="store_true", help="re-time every candidate, even ones already recorded")

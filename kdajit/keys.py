@@ -49,7 +49,7 @@ def head_dim_supported(size: object) -> bool:
             and size % HEAD_DIM_STEP == 0)
 
 
-HEAD_DIM_RULE = f"a multiple of {HEAD_DIM_STEP} from {HEAD_DIM_STEP} to {HEAD_DIMS[-1]}"
+HEAD_DIM_RULE = f"an int, a multiple of {HEAD_DIM_STEP} from {HEAD_DIM_STEP} to {HEAD_DIMS[-1]}"
 
 
 def padded_head_dim(size: int) -> int:
@@ -120,17 +120,17 @@ FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
 ) + (FusedConfig(warps=8),) + tuple(FusedConfig(True, ctas, "head", 0, 8) for ctas in (1, 2))
 # What `kdajit.forward` runs on the fused archs where no tuning record applies (KDAJIT_AUTOTUNE=off, or no record
 # for the call's workload), by (chunk, padded head_k, output_qg); K != V follows its K's entry, a padded K (60, 100)
-# that of its tile size (neither measured apart): the
-# fused kernel in the fastest configuration measured on the H200, or None for the standalone kernels where they
-# measured faster than every fused configuration; the reference configuration elsewhere (chunk 32, 2026-12-04: the
-# reference 0.676 ms against tile-w8's 1.054 at K = 128 without QG). Measured at B=2 T=8192 H=64, bf16
-# (docs/performance.md, 2026-12-03): K = 128 without QG, tile-w8 1.01 ms against the reference's 1.20; K = 256 without QG, tile-w8 2.52 against the
-# standalone kernels' 2.69 (the reference 2.97); K = 256 with QG (no 8-warp build there), the reference 2.97
-# against the standalone 2.69. Every configuration and route gives the same bits, so this choice is speed only.
-# The any-gate path (safe_gate=False) makes the same choice: at K = 128 without QG tile-w8 1.37 ms against the
-# reference's 1.57 (2026-12-04). compute-sanitizer's racecheck reports hazards in the 8-warp configurations; a
-# minimal kernel with the same barrier pattern shows that report is the tool's (docs/reliability.md,
-# benchmarks/racecheck_probe.py).
+# that of its tile size (K = 60: tile 0.690 ms against tile-w8's 0.765; K = 100: tile-w8 1.083 against tile's 1.206;
+# H200, 2026-12-04): the fused kernel in the fastest configuration measured on the H200, or None for the standalone
+# kernels where they measured faster than every fused configuration; the reference configuration elsewhere (chunk
+# 32, 2026-12-04: the reference 0.676 ms against tile-w8's 1.054 at K = 128 without QG). Measured at B=2 T=8192
+# H=64, bf16 (docs/performance.md, 2026-12-03): K = 128 without QG, tile-w8 1.01 ms against the reference's 1.20; K
+# = 256 without QG, tile-w8 2.52 against the standalone kernels' 2.69 (the reference 2.97); K = 256 with QG (no
+# 8-warp build there), the reference 2.97 against the standalone 2.69. Every configuration and route gives the same
+# bits, so this choice is speed only. The any-gate path (safe_gate=False) makes the same choice: at K = 128 without
+# QG tile-w8 1.37 ms against the reference's 1.57 (2026-12-04). compute-sanitizer's racecheck reports hazards in the
+# 8-warp configurations; a minimal kernel with the same barrier pattern shows that report is the tool's
+# (docs/reliability.md, benchmarks/racecheck_probe.py).
 UNTUNED_FUSED_CONFIGS = {(64, 128, False): FusedConfig(warps=8), (64, 256, False): FusedConfig(warps=8),
                          (64, 256, True): None}
 

@@ -6,10 +6,11 @@ tile_recompute.py) from the same operand values, in the order docs/numerics.md f
 operands live changes: L and Akk never leave the CTA, and k, g are read from HBM once.
 
 Per tile (4 warps, 128 threads; the phases run one after another, separated by CTA barriers):
-1. loads (`load_tile`): q, k (io dtype), g (fp32) rows < v by 16-byte cp.async into padded shared
-   tiles; beta into a register, converted to fp32 into a 64-entry shared vector (0 for rows >= v)
-   once the tile's loads have landed; v rows by 16-byte `ld.global.nc` straight into registers
-   (clamped to row v - 1, as the standalone recompute does), in flight during phases 2-3.
+1. loads (`load_tile`): q, k (io dtype), g (fp32) rows < v by 16-byte cp.async (8-byte pieces for 16-bit rows
+   of a padded head size such as 60 or 100) into padded shared tiles; beta into a register, converted to fp32
+   into a 64-entry shared vector (0 for rows >= v) once the tile's loads have landed; v rows by 16-byte
+   `ld.global.nc` (the same pieces) straight into registers (clamped to row v - 1, as the standalone recompute
+   does), in flight during phases 2-3.
 2. intra (`intra_tile`): Aqk blocks -> global, L blocks -> shared fp32 (rows >= v set to +0: the
    shared state the standalone inverse builds from the workspace).
 3. inverse (`invert_tile`): Akk in shared memory (io dtype); rows < v -> global with 16-byte stores (the same
@@ -56,7 +57,8 @@ Sizes are template parameters (chunk, head_k, head_v from the key); the device f
 implement chunk 64 and 32 and K, V of keys.HEAD_DIMS sizes or padded ones (`can_implement`; K != V computes Vp
 in v's own rows and columns after the gate rows). A padded size (60, 100) runs the tile of
 `keys.padded_head_dim(K)` columns: q, k, g columns past K are +0 in shared memory (so every intra product and
-gate row sees exact zeros there), global rows are read and written in 8-byte pieces that stop at the row's end.
+gate row sees exact zeros there), global rows are read and written in `global_vec` pieces (8 bytes for 16-bit
+rows at K = 60 or 100, 16 for the fp32 g rows) that stop at the row's end.
 At K = V = 64 a CTA needs 74,752 B (three fit an SM); at 256, 208,896 B (one).
 """
 from __future__ import annotations
@@ -341,10 +343,10 @@ class FusedForward:
                        scale: cutlass.Float32, batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
                        valid_rows: cutlass.Int32, rV: cute.Tensor, rBeta: cute.Tensor):
         """Phases 2-4 with 8 warps (no QG): the intra blocks over all 8 warps (WARP_GROUPS_8), after which
-        group 1 (warps 4-7) issues its v loads and computes KG; then group 0 (warps 0-3) inverts, stores Akk
-        and stages the A tile while group 1 computes Kp (into q's buffer) and Vp; then group 0 multiplies W
-        while group 1 multiplies U. Every element comes from the same device function, on the same operands,
-        as in `one_group_tile`."""
+        group 1 (warps 4-7) issues its v loads and (safe gate, or chunk 32) computes KG; then group 0 (warps 0-3)
+        inverts, stores Akk and stages the A tile while group 1 computes Kp (into q's buffer) and Vp (and then KG
+        on the any-gate path at chunk 64); then group 0 multiplies W while group 1 multiplies U. Every element
+        comes from the same device function, on the same operands, as in `one_group_tile`."""
         mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens = tensors
         sQ, sK, sG, sBeta, sL, sX00, sX, sA, sKp, sVp, sOutW, sOutU = smem
         intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma = ops
@@ -358,17 +360,18 @@ class FusedForward:
                        lane, valid_rows, scale, warp_schedule(8, self.safe_gate, C), self.safe_gate)
             zero_rows_from(l_copy, sL, tidx, valid_rows)
         recompute = cutlass.const_expr("recompute" in self.phases)
-        # On the safe-gate path (and at chunk 32) group 1's intra blocks (the diagonal ones) are the shorter: its
-        # v loads and KG (which reads only k and g) fill the wait for group 0's, off group 0's inverse path. On the
-        # any-gate path its exact diagonal blocks are the longer ones, so KG follows its Kp and Vp instead
-        # (H200, 2026-12-04: 1.292 against 1.323 ms with EXACT_UNROLL 2; docs/performance.md).
+        # On the safe-gate path group 1's intra blocks (the diagonal ones) are the shorter, and at chunk 32 it has
+        # none: its v loads and KG (which reads only k and g) fill the wait for group 0's, off group 0's inverse
+        # path. On the any-gate path at chunk 64 its exact diagonal blocks are the longer ones, so KG follows its Kp
+        # and Vp instead (H200, 2026-12-04: 1.292 against 1.323 ms with EXACT_UNROLL 2; docs/performance.md).
         kg_early = cutlass.const_expr(self.safe_gate or C == 32)
+        dKG = chunk_rows(mKG, batch, head, row0, C)
         if cutlass.const_expr(recompute):
             if not first_group:
                 self.load_v_rows(mV, batch, head, row0, valid_rows, group_tidx, rV)
                 if cutlass.const_expr(kg_early):
-                    self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
-                                   batch, head, row0, valid_rows, group_tidx, "keys")
+                    self.gate_rows(sK, sG, sQ, sBeta, rV, dKG, mQG, sKp, sVp, batch, head, row0, valid_rows,
+                                   group_tidx, "keys")
         cute.arch.sync_threads()  # L complete; q consumed (its buffer becomes Kp)
 
         if first_group:
@@ -382,11 +385,11 @@ class FusedForward:
                 store_akk(rA, sA, valid_rows, group_tidx, GROUP_THREADS)
         else:
             if cutlass.const_expr(recompute):
-                self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
-                               batch, head, row0, valid_rows, group_tidx, "operands")
+                self.gate_rows(sK, sG, sQ, sBeta, rV, dKG, mQG, sKp, sVp, batch, head, row0, valid_rows, group_tidx,
+                               "operands")
                 if cutlass.const_expr(not kg_early):
-                    self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
-                                   batch, head, row0, valid_rows, group_tidx, "keys")
+                    self.gate_rows(sK, sG, sQ, sBeta, rV, dKG, mQG, sKp, sVp, batch, head, row0, valid_rows,
+                                   group_tidx, "keys")
         cute.arch.sync_threads()  # the A tile, Kp and Vp complete
         if cutlass.const_expr(recompute):
             threads = product_threads(C)  # of each group: all 4 warps at chunk 64, warps 0-1 / 4-5 at 32

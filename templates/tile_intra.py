@@ -16,7 +16,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 
-from kdajit.keys import HEAD_DIMS, padded_head_dim
+from kdajit.keys import padded_head_dim
 from kdajit.templates.common import RN, global_vec
 
 SUB = 16        # rows of one sub-block (the MMA M)
@@ -99,9 +99,9 @@ def padded_tile_layout(dtype, rows: int, cols: int):
 
 
 def make_row_copy(dtype, cols: int, num_threads: int) -> cute.TiledCopy:
-    """cp.async copies of a [rows, padded_head_dim(cols)] tile by `num_threads` threads, row-major: 16 bytes each
-    (cp.async.cg) for a HEAD_DIMS size, else `global_vec` pieces (cp.async.ca: 8 bytes of bf16 at K = 60, 100)."""
-    vec = 128 // dtype.width if cols in HEAD_DIMS else global_vec(dtype, cols)
+    """cp.async copies of a [rows, padded_head_dim(cols)] tile by `num_threads` threads, row-major, in `global_vec`
+    pieces: 16 bytes (cp.async.cg) where every row start allows it, else 8 (cp.async.ca: bf16 at K = 60, 100)."""
+    vec = global_vec(dtype, cols)
     threads_per_row = padded_head_dim(cols) // vec
     cache_mode = cpasync.LoadCacheMode.GLOBAL if vec * dtype.width == 128 else cpasync.LoadCacheMode.ALWAYS
     atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cache_mode), dtype, num_bits_per_copy=vec * dtype.width)

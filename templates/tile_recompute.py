@@ -99,11 +99,10 @@ def store_row_vec_if(rVec: cute.Tensor, dRow: cute.Tensor, col_tile: cutlass.Int
         store_vec_if(rVec, cute.local_tile(dRow, (VEC,), (col_tile,)), pred)
     else:
         piece = global_vec(dRow.element_type, cols)
-        words_per_piece = piece * dRow.element_type.width // 32
+        words_per_piece = piece * dRow.element_type.width // 32  # 2 or 4: head sizes are multiples of 4
         words = cute.recast_tensor(rVec, cutlass.Int32)
         operands = ", ".join("{$r%d}" % (w + 1) for w in range(words_per_piece))
-        ptx = {1: "st.global.b32 [{$r0}], %s;", 2: "st.global.v2.b32 [{$r0}], {%s};",
-               4: "st.global.v4.b32 [{$r0}], {%s};"}[words_per_piece] % operands
+        ptx = f"st.global.v{words_per_piece}.b32 [{{$r0}}], {{{operands}}};"
         for s in cutlass.range_constexpr(VEC // piece):
             col = col_tile * VEC + s * piece
             cute.arch.inline_ptx(
@@ -256,10 +255,14 @@ def products_by_groups(tiled_mma: cute.TiledMma, sA: cute.Tensor, sKp: cute.Tens
     at run time. It pays in the 8-warp kernel at chunk 64 (code size) and costs 4-warp chunk-32 tiles ~7%
     (docs/performance.md), so the callers choose; the products' bits are the same either way."""
     threads = product_threads(cute.size(sA, mode=[0]))
-    if cutlass.const_expr(one_copy and cute.size(sKp, mode=[0]) == cute.size(sVp, mode=[0])):
+    # K == V itself, not only the padded tile size (K = 100 with V = 128 share the shared tiles' layout, not W's and
+    # U's global one)
+    cols = cute.size(dW, mode=[1])
+    if cutlass.const_expr(one_copy and cols == cute.size(dU, mode=[1])):
         barrier = (cutlass.select_(first_group, PRODUCT_BARRIERS[0], PRODUCT_BARRIERS[1]), threads)
+        row_align = global_vec(dW.element_type, cols) * dW.element_type.width // 8  # bytes a row start is aligned to
         product_of_group(tiled_mma, sA, pick_tensor(first_group, sKp, sVp, 1024),
-                         pick_tensor(first_group, sOutW, sOutU, 1024), pick_tensor(first_group, dW, dU, 16),
+                         pick_tensor(first_group, sOutW, sOutU, 1024), pick_tensor(first_group, dW, dU, row_align),
                          valid_rows, group_tidx, barrier)
     elif first_group:
         product_of_group(tiled_mma, sA, sKp, sOutW, dW, valid_rows, group_tidx, (PRODUCT_BARRIERS[0], threads))

@@ -330,7 +330,7 @@ def test_unsupported_config_fails_at_argument_checking(tmp_path, capsys):
 
 
 def test_tune_refuses_unsupported_head_dims_before_any_gpu_work(tmp_path, capsys):
-    for kv, words in (("98", "K=98 is not supported; expected a multiple of 4"), ("260", "K=260"), ("128x82", "V=82"),
+    for kv, words in (("98", "K=98 is not supported; expected an int, a multiple of 4"), ("260", "K=260"), ("128x82", "V=82"),
                       ("12y8", "is not a head dim")):
         rc, out, err = kd(capsys, "tune", "--cache-dir", tmp_path, "--shape", "1x64x1", "--kv", kv)
         assert rc == 2 and words in err and "Traceback" not in err, out + err

@@ -41,7 +41,7 @@ CASES = [
     ("beta wrong dtype", dict(beta=torch.rand(B, T, H, dtype=torch.float64)), TypeError, ["beta", "float64"]),
     ("q not a tensor", dict(q=[1.0]), TypeError, ["q", "torch.Tensor", "list"]),
     ("q 3-D", dict(q=torch.randn(T, H, K).to(torch.bfloat16)), ValueError, ["q", "4-D", "[130, 2, 128]"]),
-    ("K unsupported", dict(q=torch.randn(B, T, H, 98).to(torch.bfloat16)), NotImplementedError, ["K", "98", "4"]),
+    ("K unsupported", dict(q=torch.randn(B, T, H, 98).to(torch.bfloat16)), NotImplementedError, ["K", "98", "multiple of 4"]),
     ("k shape", dict(k=torch.randn(B, T, H + 1, K).to(torch.bfloat16)), ValueError, ["k", "[1, 130, 3, 128]"]),
     ("gk shape", dict(gk=torch.randn(B, T - 1, H, K)), ValueError, ["gk", "[1, 129, 2, 128]"]),
     ("beta shape", dict(beta=torch.rand(B, T, H, 1).to(torch.bfloat16)), ValueError, ["beta", "[B, T, HV]"]),
