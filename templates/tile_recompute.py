@@ -103,7 +103,9 @@ def store_row_vec_if(rVec: cute.Tensor, dRow: cute.Tensor, col_tile: cutlass.Int
         words = cute.recast_tensor(rVec, cutlass.Int32)
         operands = ", ".join("{$r%d}" % (w + 1) for w in range(words_per_piece))
         ptx = f"st.global.v{words_per_piece}.b32 [{{$r0}}], {{{operands}}};"
-        for s in cutlass.range_constexpr(VEC // piece):
+        # A piece that starts past the row's end in every column tile (K = 4: columns 4-7) is left out: its
+        # predicate would fold to a constant, which an inline PTX guard cannot take.
+        for s in cutlass.range_constexpr(min(VEC, cols) // piece):
             col = col_tile * VEC + s * piece
             cute.arch.inline_ptx(
                 ptx,

@@ -3,6 +3,7 @@ import dataclasses
 
 import pytest
 
+from kdajit import keys
 from kdajit.keys import (BETA_DTYPES, AkkInverseKey, ForwardSpec, FusedConfig, FusedForwardKey, IntraKey, KernelConfig,
                          RecomputeWUKey, key_from_json)
 from kdajit.outputs import BETA_TORCH_DTYPES
@@ -94,3 +95,14 @@ def test_one_beta_dtype_vocabulary():
     # The torch-side map names exactly the beta dtypes the keys accept, distinct dtypes for distinct names.
     assert tuple(BETA_TORCH_DTYPES) == BETA_DTYPES
     assert len(set(BETA_TORCH_DTYPES.values())) == len(BETA_DTYPES)
+
+
+def test_head_dim_rule_and_padding():
+    """Every multiple of 4 up to 256 is a head size; each runs the tile of the next HEAD_DIMS size, itself for those."""
+    supported = [d for d in range(-4, 300) if keys.head_dim_supported(d)]
+    assert supported == list(range(4, 257, 4))
+    assert not any(keys.head_dim_supported(d) for d in (True, 64.0, "64", None))
+    padded = {d: keys.padded_head_dim(d) for d in supported}
+    assert {d: padded[d] for d in keys.HEAD_DIMS} == {d: d for d in keys.HEAD_DIMS}
+    assert (padded[4], padded[60], padded[68], padded[100], padded[252]) == (64, 64, 128, 128, 256)
+    assert all(d <= p and p in keys.HEAD_DIMS for d, p in padded.items())

@@ -30,7 +30,7 @@ UNEQUAL_HEADS = [ForwardSpec(beta, varlen, head_k, head_v, chunk, qg, arch)
                  for beta, varlen, (head_k, head_v), chunk, qg, arch in itertools.product(
                      keys.BETA_DTYPES, keys.VARLEN_MODES, [*itertools.permutations(keys.HEAD_DIMS, 2),
                                                            *itertools.permutations(keys.PADDED_HEAD_DIM_EXAMPLES),
-                                                           (100, 128), (64, 60)],
+                                                           (100, 128), (64, 60), (4, 252)],
                      keys.CHUNK_SIZES, (False, True), keys.ARCHS)]
 SPECS += UNEQUAL_HEADS
 # Every kernel `forward`/`intra`/`recompute_w_u` run, plus the fused kernel in every configuration of its space.
@@ -39,11 +39,12 @@ KEYS = sorted({key for spec in SPECS for key in spec.kernel_keys()}
               key=lambda k: (k.arch != "sm_90a", k.canonical()))
 # Each template's reference configuration: the reference spec (the demo's) on the reference arch.
 REFERENCE = ForwardSpec("bf16", "cu32", 128, 128, 64, True, "sm_90a").kernel_keys()
-# The fast tier covers field values one at a time, so it would never pick K != V: three pairs join it (the smaller
-# head first and last; the third of two padded sizes), and the 8-warp fused configuration (which splits W and U
-# across its groups).
+# The fast tier covers field values one at a time, so it would never pick K != V: four pairs join it (the smaller
+# head first and last; the third of two padded sizes, the fourth of the smallest and largest padded sizes, 4 and
+# 252), and the 8-warp fused configuration (which splits W and U across its groups).
 FAST_UNEQUAL = (ForwardSpec("fp32", "dense", 64, 256, 64, True, "sm_90a").kernel_keys()
                 + ForwardSpec("bf16", "cu32", 60, 100, 64, False, "sm_90a").kernel_keys()
+                + ForwardSpec("bf16", "dense", 4, 252, 64, True, "sm_90a").kernel_keys()
                 + (ForwardSpec("bf16", "cu64", 256, 128, 64, False, "sm_90a").fused_key(FusedConfig(warps=8)),))
 
 def cubin_archs(obj: bytes) -> list[str]:
