@@ -124,8 +124,8 @@ FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
 # H200, 2026-12-04): the fused kernel in the fastest configuration measured on the H200, or None for the standalone
 # kernels where they measured faster than every fused configuration; the reference configuration elsewhere (chunk
 # 32, 2026-12-04: the reference 0.676 ms against tile-w8's 1.054 at K = 128 without QG). Measured at B=2 T=8192
-# H=64, bf16 (docs/performance.md, 2026-12-03): K = 128 without QG, tile-w8 1.01 ms against the reference's 1.20; K
-# = 256 without QG, tile-w8 2.52 against the standalone kernels' 2.69 (the reference 2.97); K = 256 with QG (no
+# H=64, bf16 (docs/performance.md, 2026-12-03): K = 128 without QG, tile-w8 1.01 ms against the reference's 1.20;
+# K = 256 without QG, tile-w8 2.52 against the standalone kernels' 2.69 (the reference 2.97); K = 256 with QG (no
 # 8-warp build there), the reference 2.97 against the standalone 2.69. Every configuration and route gives the same
 # bits, so this choice is speed only. The any-gate path (safe_gate=False) makes the same choice: at K = 128 without
 # QG tile-w8 1.37 ms against the reference's 1.57 (2026-12-04). compute-sanitizer's racecheck reports hazards in the

@@ -50,8 +50,7 @@ templates/tile_intra.py, shared with the fused kernel; this file holds the stand
 
 Constraints: head_k a keys.HEAD_DIMS size, or a padded one (60, 100: `keys.head_dim_supported`; the shared tiles
 then have `keys.padded_head_dim(K)` columns, those past K +0, and the q, k loads are 8-byte pieces where K is
-not a multiple of 8), chunk 64 or 32
-(blocks a, b in 0..1, WARP_GROUPS_32), 4 warps.
+not a multiple of 8), chunk 64 or 32 (blocks a, b in 0..1, WARP_GROUPS_32), 4 warps.
 Contiguous [B, T, H, D] tensors; varlen packs sequences on T with B = 1 (see templates/common.py for the
 grid and the chunk mapping). Grouped value heads: gk, beta and the outputs have HV heads, q and k H (HV a
 multiple of H); value head h reads q, k of head h // (HV / H).

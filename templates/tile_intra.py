@@ -170,12 +170,12 @@ def intra_tile(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: c
     # One copy of the code per kind of group (`group_kinds`), its blocks chosen at run time by warp:
     # smaller code than a copy per group (the instruction caches are a budget, docs/performance.md).
     for diagonal, width, instances in group_kinds(schedule):
+        exact = diagonal and not safe_gate
         count = warp_lookup(warp_idx, {w: len(groups) for w, groups in instances.items()})
         for j in cutlass.range(count, unroll=1):
             a = instance_lookup(warp_idx, j, instances, lambda group: group[0])
             col_blocks = [instance_lookup(warp_idx, j, instances, lambda group, n=n: group[1][n])
                           for n in range(width)]
-            exact = diagonal and not safe_gate
             if SUB * a < valid_rows:
                 row_block_group(tiled_mma, sQ, sK, sG, sBeta, dAqk, dL, lane, valid_rows, scale,
                                 a, diagonal, col_blocks, (EXACT_UNROLL if exact else MAINLOOP_UNROLL)[schedule], exact)

@@ -78,15 +78,16 @@ def make_recompute_mma(chunk: int, io) -> cute.TiledMma:
 
 @cute.jit
 def store_vec_if(rVec: cute.Tensor, gVec: cute.Tensor, pred: cutlass.Boolean):
-    """Store 8 16-bit values (16 bytes) to global memory when `pred` holds.
+    """Store 8 or 4 16-bit values (16 or 8 bytes) to global memory at gVec when `pred` holds.
 
-    A predicated `st.global.v4` rather than an `if`: behind a branch, LLVM would sink the loads
+    A predicated `st.global.v4` (`.v2`) rather than an `if`: behind a branch, LLVM would sink the loads
     that feed only this store into the branch, one full memory latency per row.
     """
     words = cute.recast_tensor(rVec, cutlass.Int32)
-    cute.arch.inline_ptx("st.global.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};",
-                         read_only_args=[gVec.iterator, words[0], words[1], words[2], words[3]],
-                         predicate=pred)
+    count = cute.size(words)
+    operands = ", ".join("{$r%d}" % (w + 1) for w in range(count))
+    cute.arch.inline_ptx(f"st.global.v{count}.b32 [{{$r0}}], {{{operands}}};",
+                         read_only_args=[gVec.iterator, *[words[w] for w in range(count)]], predicate=pred)
 
 
 @cute.jit
@@ -98,20 +99,12 @@ def store_row_vec_if(rVec: cute.Tensor, dRow: cute.Tensor, col_tile: cutlass.Int
     if cutlass.const_expr(cols in HEAD_DIMS):
         store_vec_if(rVec, cute.local_tile(dRow, (VEC,), (col_tile,)), pred)
     else:
-        piece = global_vec(dRow.element_type, cols)
-        words_per_piece = piece * dRow.element_type.width // 32  # 2 or 4: head sizes are multiples of 4
-        words = cute.recast_tensor(rVec, cutlass.Int32)
-        operands = ", ".join("{$r%d}" % (w + 1) for w in range(words_per_piece))
-        ptx = f"st.global.v{words_per_piece}.b32 [{{$r0}}], {{{operands}}};"
+        piece = global_vec(dRow.element_type, cols)  # 4 or 8 values: head sizes are multiples of 4
         # A piece that starts past the row's end in every column tile (K = 4: columns 4-7) is left out: its
         # predicate would fold to a constant, which an inline PTX guard cannot take.
         for s in cutlass.range_constexpr(min(VEC, cols) // piece):
             col = col_tile * VEC + s * piece
-            cute.arch.inline_ptx(
-                ptx,
-                read_only_args=[row_piece(dRow, col, piece).iterator,
-                                *[words[s * words_per_piece + w] for w in range(words_per_piece)]],
-                predicate=pred & (col < cols))
+            store_vec_if(cute.local_tile(rVec, (piece,), (s,)), row_piece(dRow, col, piece), pred & (col < cols))
 
 
 @cute.jit
