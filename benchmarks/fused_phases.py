@@ -1,7 +1,7 @@
 """Where the fused kernel's time goes: time variants of it that leave phases out.
 
-    python benchmarks/fused_phases.py --export DIR [--chunk 32] [--gate any]    # compile the variants (no GPU needed)
-    python benchmarks/fused_phases.py [--objects DIR] [--chunk 32] [--gate any] [--json out.json]   # time them
+    python benchmarks/fused_phases.py --export DIR [--chunk 32] [--gate any] [--kv 60]   # compile the variants (no GPU)
+    python benchmarks/fused_phases.py [--objects DIR] [--chunk 32] [--gate any] [--kv 60] [--json out.json]  # time them
     ncu --profile-from-start off --clock-control none --set full -o OUT \
         python benchmarks/fused_phases.py --objects DIR --only tile-w8.all --profile    # one launch, under ncu
 
@@ -13,7 +13,8 @@ A variant without some phase computes garbage (it is a timing instrument, never 
 reachable from `kdajit.forward`); the differences between variants bound what each phase costs when
 the others run beside it. Shape: B=2 T=8192 H=64, bf16 beta, output_qg=False (the main bench row), chunk 64
 unless `--chunk 32`, the safe-gate path unless `--gate any` (safe_gate=False: the exact diagonal blocks; the timed
-inputs' gates are the safe ones either way, which the any-gate kernel's time does not depend on).
+inputs' gates are the safe ones either way, which the any-gate kernel's time does not depend on), K = V = 128 unless
+`--kv` names another head size (the objects of a directory are of the size they were exported with).
 Variants are compiled in this process unless `--objects` names a directory written by `--export`.
 """
 from __future__ import annotations
@@ -34,11 +35,11 @@ VARIANTS = {  # name: phases kept
 CONFIGS = {"tile": dict(), "tile-w8": dict(warps=8)}
 
 
-def variant_kernel(config_name: str, phases: tuple[str, ...], chunk: int, safe_gate: bool):
+def variant_kernel(config_name: str, phases: tuple[str, ...], chunk: int, safe_gate: bool, kv: int):
     from kdajit.keys import ForwardSpec, FusedConfig
     from kdajit.templates.fused_forward import FusedForward
 
-    spec = ForwardSpec("bf16", "dense", 128, 128, chunk, False, "sm_90a", safe_gate=safe_gate)
+    spec = ForwardSpec("bf16", "dense", kv, kv, chunk, False, "sm_90a", safe_gate=safe_gate)
     key = spec.fused_key(FusedConfig(**CONFIGS[config_name]))
     kernel = FusedForward(key)
     kernel.phases = phases
@@ -57,19 +58,19 @@ def selected(only: list[str] | None) -> list[tuple[str, str]]:
     return [(c, n) for c, n in pairs if f"{c}.{n}" in only]
 
 
-def export(directory: str, chunk: int, only: list[str] | None, safe_gate: bool) -> None:
+def export(directory: str, chunk: int, only: list[str] | None, safe_gate: bool, kv: int) -> None:
     from kdajit import compiler
 
     os.makedirs(directory, exist_ok=True)
     for config_name, name in selected(only):
-        key, kernel = variant_kernel(config_name, VARIANTS[name], chunk, safe_gate)
+        key, kernel = variant_kernel(config_name, VARIANTS[name], chunk, safe_gate, kv)
         compiled = compiler.compile_template(kernel, key.arch)
         compiler.export_object(compiled, os.path.join(directory, f"{config_name}.{name}.o"))
         print(f"{config_name} {name}: compiled in {compiled.kdajit_compile_s:.1f} s", flush=True)
 
 
 def time_variants(objects: str | None, chunk: int, only: list[str] | None, profile: bool,
-                  safe_gate: bool) -> list[dict]:
+                  safe_gate: bool, kv: int) -> list[dict]:
     """Median times of the selected variants; with `profile`, instead one launch of each between
     cudaProfilerStart and cudaProfilerStop (for `ncu --profile-from-start off`), after a warm-up."""
     import torch
@@ -79,10 +80,10 @@ def time_variants(objects: str | None, chunk: int, only: list[str] | None, profi
     from kdajit.keys import FusedConfig, FusedForwardKey
 
     B, T, H = 2, 8192, 64
-    x = reference.make_inputs(B, T, H, beta_dtype=torch.bfloat16, device="cuda", chunk_size=chunk)
+    x = reference.make_inputs(B, T, H, kv, kv, beta_dtype=torch.bfloat16, device="cuda", chunk_size=chunk)
     empty = lambda d: torch.empty(B, T, H, d, dtype=torch.bfloat16, device="cuda")
-    outs = (empty(chunk), empty(chunk), empty(128), empty(128), empty(128))
-    qg = torch.zeros(1, 1, 1, 128, dtype=torch.bfloat16, device="cuda")
+    outs = (empty(chunk), empty(chunk), empty(kv), empty(kv), empty(kv))
+    qg = torch.zeros(1, 1, 1, kv, dtype=torch.bfloat16, device="cuda")
     dummy = torch.zeros(1, dtype=torch.int32, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     inputs = {n: x[n] for n in ("q", "k", "v", "gk", "beta")}
@@ -94,11 +95,11 @@ def time_variants(objects: str | None, chunk: int, only: list[str] | None, profi
         if objects:
             fn = compiler.load_object(os.path.join(objects, f"{config_name}.{name}.o"))
         else:
-            key, kernel = variant_kernel(config_name, phases, chunk, safe_gate)
+            key, kernel = variant_kernel(config_name, phases, chunk, safe_gate, kv)
             fn = compiler.callable_of(compiler.compile_template(kernel, key.arch))
         call = lambda: api._launch(fn, FusedForwardKey, **inputs, Aqk=outs[0], Akk=outs[1], w=outs[2],
                                    u=outs[3], kg=outs[4], qg=qg, cu_seqlens=dummy,
-                                   scale=128 ** -0.5, max_ctas=max_ctas)
+                                   scale=kv ** -0.5, max_ctas=max_ctas)
         if profile:
             for _ in range(5):
                 call()
@@ -111,7 +112,7 @@ def time_variants(objects: str | None, chunk: int, only: list[str] | None, profi
             continue
         ms = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
         results.append({"config": config_name, "variant": name, "phases": list(phases), "chunk": chunk,
-                        "safe_gate": safe_gate, "ms": ms})
+                        "safe_gate": safe_gate, "kv": kv, "ms": ms})
         print(f"| {config_name} | {name} | {ms:.3f} |", flush=True)
     return results
 
@@ -123,19 +124,20 @@ def main(argv=None) -> int:
     parser.add_argument("--chunk", type=int, choices=(32, 64), default=64, help="chunk size (default 64)")
     parser.add_argument("--gate", choices=("safe", "any"), default="safe",
                         help="the safe-gate path (default) or the any-gate path (safe_gate=False)")
+    parser.add_argument("--kv", type=int, default=128, help="head size K = V (default 128)")
     parser.add_argument("--json", help="write the timings here")
     parser.add_argument("--only", nargs="+", metavar="CONFIG.VARIANT", help="only these variants (e.g. tile-w8.all)")
     parser.add_argument("--profile", action="store_true",
                         help="launch each variant once between cudaProfilerStart/Stop (for ncu) instead of timing")
     args = parser.parse_args(argv)
     if args.export:
-        export(args.export, args.chunk, args.only, args.gate == "safe")
+        export(args.export, args.chunk, args.only, args.gate == "safe", args.kv)
         return 0
     if args.profile and args.json:
         parser.error("--json: nothing is timed with --profile")
     if not args.profile:
         print("| config | phases kept | ms |\n|---|---|---|")
-    results = time_variants(args.objects, args.chunk, args.only, args.profile, args.gate == "safe")
+    results = time_variants(args.objects, args.chunk, args.only, args.profile, args.gate == "safe", args.kv)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -3,11 +3,13 @@
 # .gpu-cache/cpu.tar.xz (carry it with the call): every reference kernel of bf16 K = V = 128 for sm_90a, the
 # coverage tests' fp16, K = V = 64 / 256, K != V and chunk-32 kernels, the fused configuration space for the benchmark and
 # fused-test specializations, and the fused_phases variants.
-#   bash benchmarks/h200_precompile.sh          (~11 min on 2 cores; the tarball is stale once templates change)
+#   bash benchmarks/h200_precompile.sh          (~17 min on 2 cores; the tarball is stale once templates change)
+#   COMPARE_BASE=<commit> bash benchmarks/h200_precompile.sh   (also that commit's kernels, for the compare stage)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=.gpu-cache/cpu
-rm -rf "$root" .gpu-cache/phases .gpu-cache/pany/head .gpu-cache/cpu.tar.xz  # keeps triton.tar.xz (h200_session.sh)
+# keeps triton.tar.xz (h200_session.sh)
+rm -rf "$root" .gpu-cache/phases .gpu-cache/pany/head .gpu-cache/pad .gpu-cache/compare .gpu-cache/cpu.tar.xz
 config_words() {  # --config words of every non-reference configuration the tuner builds with QG $1 (on|off)
   python -c '
 import dataclasses, sys
@@ -29,6 +31,26 @@ cov() { precompile --gate safe "$@"; }  # the safe-gate coverage kernels (the an
 python benchmarks/fused_phases.py --export .gpu-cache/phases
 python benchmarks/fused_phases.py --export .gpu-cache/pany/head --gate any --only tile-w8.all tile-w8.loads+intra \
   tile-w8.compute-only
+# the padded head sizes' phase variants (h200_session.sh phasespad): K = 60 and 64 in the 4-warp tile (forward's
+# configuration there), K = 100 in tile-w8
+phase_variants() { printf "$1.%s " loads loads+intra loads+intra+inverse all compute-only; }
+python benchmarks/fused_phases.py --export .gpu-cache/pad/k60 --kv 60 --only $(phase_variants tile)
+python benchmarks/fused_phases.py --export .gpu-cache/pad/k64 --kv 64 --only $(phase_variants tile)
+python benchmarks/fused_phases.py --export .gpu-cache/pad/k100 --kv 100 --only $(phase_variants tile-w8)
+# COMPARE_BASE=<commit>: that commit's whole fused kernels beside this tree's (h200_session.sh compare), for a change
+# meant to keep the bits whose PTX differs; sets kvK-GATE of both 4- and 8-warp tiles
+if [[ -n "${COMPARE_BASE:-}" ]]; then
+  base_tree=$(mktemp -d) && git worktree add -f --detach "$base_tree" "$COMPARE_BASE" >/dev/null
+  for kv_gate in 128-safe 128-any 100-safe 100-any 60-safe; do
+    for tree in "base $base_tree" "head ."; do
+      read -r side path <<< "$tree"
+      python benchmarks/other_tree.py "$path" benchmarks/fused_phases.py \
+        --export ".gpu-cache/compare/$side/kv$kv_gate" --kv "${kv_gate%-*}" --gate "${kv_gate#*-}" \
+        --only tile.all tile-w8.all
+    done
+  done
+  git worktree remove --force "$base_tree"
+fi
 precompile --io bf16 --kv 128                      # every reference kernel of bf16 K = V = 128, both gate paths
 # tests/test_gpu_coverage.py: fp16 and K = V = 64, 256 with beta in the io dtype, dense and cu32; QG on with the
 # reference and a persistent configuration, QG off with the reference and tile-w8 (also the coverage bench rows)
@@ -78,5 +100,5 @@ fused_bf16_128 --gate any --beta fp32 --varlen dense,cu64 --qg off "${configs[@]
 fused_bf16_128 --gate any --beta fp32 --varlen dense,cu64 --qg on "${qg_configs[@]}"
 precompile --gate any --io fp16 --beta fp16 --kv 64 --varlen cu64 --qg on --config ref
 precompile --gate any --io bf16 --beta bf16 --kv 256 --varlen cu64 --qg on --config ref
-tar -C .gpu-cache -cJf .gpu-cache/cpu.tar.xz cpu phases pany
+tar -C .gpu-cache -cJf .gpu-cache/cpu.tar.xz cpu phases pany pad $([[ -d .gpu-cache/compare ]] && echo compare)
 ls -la .gpu-cache/cpu.tar.xz

@@ -8,7 +8,9 @@
 # (fused-kernel GPU tests), bench (bench_forward, every row, with --plot),
 # benchmain (the two main rows, every fused configuration; BENCH_ROWS, BENCH_CONFIGS, BENCH_LIMIT), benchcov
 # (the coverage rows, tile configurations), phases (fused_phases, objects from the
-# tarball), phasesany (fused_phases --gate any on each object directory under the tarball's pany/), dslfree
+# tarball), phasespad (the K = 60 / 64 / 100 phase variants), compare (COMPARE_BASE's fused kernels against this
+# tree's, bit for bit; benchmarks/compare_objects.py), phasesany (fused_phases --gate any on each object directory
+# under the tarball's pany/), dslfree
 # (benchmarks/dsl_free_load.py), host (bench_host), tune (kdajit tune at the two
 # tuning-evidence shapes), fla (FLA-backend GPU tests and bench), flabench (bench_fla_backend alone),
 # stress (determinism replays), stressnoqg (replays without QG, forward's tile-w8 route), stressrest (stress but the bf16 run), stress10m_fla (the 10M run beside
@@ -16,7 +18,8 @@
 # (compute-sanitizer, docs/reliability.md; SANITIZER_TOOLS picks tools, SANITIZER_K the tests), probe (racecheck of
 # benchmarks/racecheck_probe.py, with and without named barriers), anygate (tests/test_gpu_any_gate.py but the FLA
 # ratios), anygate_fla (those), benchany (bench_forward --gate any, main rows; BENCH_CONFIGS), ncu (Nsight Compute on one
-# launch of the fused_phases variants NCU_VARIANTS, default tile-w8.all, summarized by benchmarks/ncu_report.py; needs a
+# launch of the fused_phases variants NCU_VARIANTS, default tile-w8.all, of NCU_OBJECTS at head size NCU_KV, default
+# the tarball's phases/ at 128, summarized by benchmarks/ncu_report.py; needs a
 # machine whose runtime lets ncu read the counters: Firecracker, not gVisor). A stage named bg:STAGE runs
 # beside the stages after it (its failure status is not kept; read its log); `wait` joins it.
 # Each stage has its own time limit; logs and JSON go to $OUT (or ./out). The bundle (.gpu) supplies
@@ -100,6 +103,18 @@ run_stage() {
         stage "phasesany_$name" 120 python3 benchmarks/fused_phases.py --objects "$dir" --gate any \
           --only $(cd "$dir" && ls *.o | sed 's/\.o$//') --json "$out/phasesany_$name.json"
       done ;;
+    phasespad)  # the padded head sizes' phase variants from the tarball's pad/ (K = 60, 64: tile; K = 100: tile-w8)
+      for dir in /tmp/precompiled/pad/k*/; do
+        kv=$(basename "$dir"); kv=${kv#k}
+        stage "phasespad_k$kv" 120 python3 benchmarks/fused_phases.py --objects "$dir" --kv "$kv" \
+          --only $(cd "$dir" && ls *.o | sed 's/\.o$//')
+      done ;;
+    compare)  # COMPARE_BASE's whole fused kernels against this tree's, bit for bit (h200_precompile.sh)
+      for dir in /tmp/precompiled/compare/head/kv*/; do
+        name=$(basename "$dir"); kv_gate=${name#kv}
+        stage "compare_$name" 120 python3 benchmarks/compare_objects.py "/tmp/precompiled/compare/base/$name" "$dir" \
+          --kv "${kv_gate%-*}" --gate "${kv_gate#*-}"
+      done ;;
     dslfree)  # a cached fused kernel linked into a shared library and run through TVM-FFI alone (no DSL import)
       stage dslfree 90 python3 benchmarks/dsl_free_load.py --json "$out/dsl_free.json" ;;
     host)
@@ -173,7 +188,8 @@ run_stage() {
     ncu)  # to $out: the report (ncu.ncu-rep), its details page (ncu_details.log), the SASS table (ncu_sass.csv.gz)
       # and its summary (ncu_report.log)
       stage ncu "${NCU_LIMIT:-240}" ncu --profile-from-start off --clock-control none --set full -f -o "$out/ncu" \
-        python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases --only ${NCU_VARIANTS:-tile-w8.all} --profile
+        python3 benchmarks/fused_phases.py --objects "${NCU_OBJECTS:-/tmp/precompiled/phases}" --kv "${NCU_KV:-128}" \
+        --only ${NCU_VARIANTS:-tile-w8.all} --profile
       stage ncu_details 120 ncu -i "$out/ncu.ncu-rep" --page details
       stage ncu_sass 120 bash -c "ncu -i '$out/ncu.ncu-rep' --page source --csv --print-source sass | gzip >'$out/ncu_sass.csv.gz'"
       stage ncu_report 60 python3 benchmarks/ncu_report.py "$out/ncu_sass.csv.gz" ;;

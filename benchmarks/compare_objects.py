@@ -1,0 +1,69 @@
+"""Are two builds of the fused kernel bit-identical? Run each pair of exported full kernels on the same inputs.
+
+    python benchmarks/compare_objects.py DIR_A DIR_B --kv 100 [--gate any]     (GPU)
+
+DIR_A and DIR_B hold objects written by `benchmarks/fused_phases.py --export` (e.g. one from an earlier commit's
+tree through `benchmarks/other_tree.py`, one from this tree); every `CONFIG.all.o` (the whole kernel) present in
+both is launched on the same random inputs (B=2, T=1000 with a ragged last chunk, H=8; safe gates, or with
+`--gate any` FLA's logsigmoid x 10 gates, a quarter of them exactly 0), each into outputs poisoned with NaN, and
+every output is compared bit for bit. For a change meant to keep the bits (docs/numerics.md) whose PTX differs, so
+that comparing PTX on the CPU cannot settle it. Exit status 1 if any output differs.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+
+OUTPUTS = ("Aqk", "Akk", "w", "u", "kg")
+
+
+def run_object(path: str, kv: int, any_gate: bool):
+    """The five outputs of one exported fused kernel (bf16, no QG, chunk 64) on seed-0 inputs."""
+    import torch
+
+    from kdajit import api, compiler, reference
+    from kdajit.keys import FusedForwardKey
+
+    B, T, H = 2, 1000, 8
+    gen = torch.Generator().manual_seed(0)
+    x = reference.make_inputs(B, T, H, kv, kv, beta_dtype=torch.bfloat16, device="cuda", generator=gen,
+                              gate_scale=10.0 if any_gate else None, gate_zeros=0.25 if any_gate else 0.0)
+    outs = [torch.full((B, T, H, d), float("nan"), dtype=torch.bfloat16, device="cuda") for d in (64, 64, kv, kv, kv)]
+    fn = compiler.load_object(path)
+    api._launch(fn, FusedForwardKey, **{n: x[n] for n in ("q", "k", "v", "gk", "beta")},
+                **dict(zip(OUTPUTS, outs)), qg=torch.zeros(1, 1, 1, kv, dtype=torch.bfloat16, device="cuda"),
+                cu_seqlens=torch.zeros(1, dtype=torch.int32, device="cuda"), scale=kv ** -0.5, max_ctas=1)
+    torch.cuda.synchronize()
+    return outs
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dir_a")
+    parser.add_argument("dir_b")
+    parser.add_argument("--kv", type=int, default=128, help="head size K = V the objects were exported with")
+    parser.add_argument("--gate", choices=("safe", "any"), default="safe", help="the objects' gate path")
+    args = parser.parse_args(argv)
+    import torch
+
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(args.dir_a, "*.all.o"))
+                   if os.path.exists(os.path.join(args.dir_b, os.path.basename(p))))
+    if not names:
+        raise SystemExit(f"no CONFIG.all.o in both {args.dir_a} and {args.dir_b}")
+    differs = False
+    print("| object | " + " | ".join(OUTPUTS) + " |\n|---|" + "---|" * len(OUTPUTS))
+    for name in names:
+        a, b = (run_object(os.path.join(d, name), args.kv, args.gate == "any") for d in (args.dir_a, args.dir_b))
+        cells = []
+        for x, y in zip(a, b):
+            same = torch.equal(x.view(torch.int16), y.view(torch.int16))
+            differs |= not same
+            cells.append("same bits" if same else f"DIFFERENT ({(x.view(torch.int16) != y.view(torch.int16)).sum()})")
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+    return 1 if differs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
