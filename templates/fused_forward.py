@@ -357,7 +357,7 @@ class FusedForward:
 
         if cutlass.const_expr("intra" in self.phases):
             intra_tile(intra_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, C), sL, warp_idx,
-                       lane, valid_rows, scale, warp_schedule(8, self.safe_gate, C), self.safe_gate)
+                       lane, valid_rows, scale, self.key.head_k, warp_schedule(8, self.safe_gate, C), self.safe_gate)
             zero_rows_from(l_copy, sL, tidx, valid_rows)
         recompute = cutlass.const_expr("recompute" in self.phases)
         # On the safe-gate path group 1's intra blocks (the diagonal ones) are the shorter, and at chunk 32 it has
@@ -434,7 +434,7 @@ class FusedForward:
         # 2. Intra: Aqk -> global, L -> smem; L rows >= valid_rows := +0.
         if cutlass.const_expr("intra" in self.phases):
             intra_tile(intra_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, C), sL, warp_idx,
-                       lane, valid_rows, scale, warp_schedule(4, self.safe_gate, C), self.safe_gate)
+                       lane, valid_rows, scale, self.key.head_k, warp_schedule(4, self.safe_gate, C), self.safe_gate)
             zero_rows_from(l_copy, sL, tidx, valid_rows)
         cute.arch.sync_threads()
         if cutlass.const_expr(q_early):

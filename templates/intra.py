@@ -153,4 +153,4 @@ class KdaIntra:
 
             intra_tile(tiled_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, self.chunk),
                        chunk_rows(mL, batch, head, row0, self.chunk), warp_idx, lane, valid_rows, scale,
-                       warp_schedule(NUM_WARPS, self.safe_gate, self.chunk), self.safe_gate)
+                       self.key.head_k, warp_schedule(NUM_WARPS, self.safe_gate, self.chunk), self.safe_gate)

@@ -158,15 +158,20 @@ def beta_row(value, row: cutlass.Int32, valid_rows: cutlass.Int32) -> cutlass.Fl
 @cute.jit
 def intra_tile(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor,
                sBeta: cute.Tensor, dAqk: cute.Tensor, dL: cute.Tensor, warp_idx: cutlass.Int32,
-               lane: cutlass.Int32, valid_rows: cutlass.Int32, scale: cutlass.Float32,
+               lane: cutlass.Int32, valid_rows: cutlass.Int32, scale: cutlass.Float32, head_k: cutlass.Constexpr,
                schedule: cutlass.Constexpr = WARP_GROUPS, safe_gate: cutlass.Constexpr = True):
     """All blocks of one tile, warp w running its static list schedule[w] (`warp_schedule`).
 
     dAqk, dL: [chunk, chunk] destinations (global or shared) of Aqk (io dtype) and L (fp32); rows
-    >= valid_rows are not written. `safe_gate`: diagonal blocks as TF32 products of shifted factors
+    >= valid_rows are not written. `head_k`: the true head size K; the products sum over the tiles' first
+    `summed_cols(head_k)` columns only. `safe_gate`: diagonal blocks as TF32 products of shifted factors
     (True) or as fp32 sums of per-pair exponentials (False, any gate; `exact_diagonal`). The caller
     synchronizes before and after.
     """
+    cols = summed_cols(head_k)
+    if cutlass.const_expr(cols < cute.size(sQ, mode=[1])):
+        sQ, sK, sG = [cute.make_tensor(s.iterator, cute.make_layout((cute.size(s, mode=[0]), cols), stride=s.stride))
+                      for s in (sQ, sK, sG)]
     # One copy of the code per kind of group (`group_kinds`), its blocks chosen at run time by warp:
     # smaller code than a copy per group (the instruction caches are a budget, docs/performance.md).
     for diagonal, width, instances in group_kinds(schedule):
@@ -179,6 +184,13 @@ def intra_tile(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: c
             if SUB * a < valid_rows:
                 row_block_group(tiled_mma, sQ, sK, sG, sBeta, dAqk, dL, lane, valid_rows, scale,
                                 a, diagonal, col_blocks, (EXACT_UNROLL if exact else MAINLOOP_UNROLL)[schedule], exact)
+
+
+def summed_cols(head_k: int) -> int:
+    """Head-dim columns the intra products sum over: K rounded up to the MMA step (MMA_K, a multiple of EXACT_STEP).
+    A padded tile's columns K .. are +0 in q, k and g, so a sum over more of them would add only exact zeros: the
+    same bits at more cost (K = 100: 104 columns of the 128-column tile)."""
+    return -(-head_k // MMA_K) * MMA_K
 
 
 def group_kinds(schedule) -> list:

@@ -4,7 +4,7 @@ A schedule (templates/tile_intra.py) lists per warp the groups it runs: (row blo
 block left out would leave Aqk and L unwritten there (the GPU tests poison outputs, but only on the shapes and
 configurations they run); a block listed twice would be written by two warps. This checks every schedule
 `warp_schedule` can return against the tile's lower-triangular block set, and that each has an unroll factor for
-both of its loops, without a GPU.
+both of its loops, without a GPU; and that the intra chains sum over whole steps that cover every real head column.
 """
 import collections
 
@@ -35,3 +35,15 @@ def test_each_block_is_written_once(warps, safe_gate, chunk):
     assert all(n == 1 for n in count.values()), {block: n for block, n in count.items() if n > 1}
     unrolls = tile_intra.EXACT_UNROLL if not safe_gate else tile_intra.MAINLOOP_UNROLL
     assert schedule in tile_intra.MAINLOOP_UNROLL and schedule in unrolls
+
+
+@pytest.mark.parametrize("head_k", range(4, 257, 4))
+def test_summed_columns_cover_the_head_within_the_tile(head_k):
+    """The intra chains sum over `summed_cols(K)` columns: all K real ones (fewer would drop terms), whole steps of
+    both mainloops (MMA_K, EXACT_STEP), and no column past the padded tile (which holds other data)."""
+    from kdajit.keys import padded_head_dim
+
+    cols = tile_intra.summed_cols(head_k)
+    assert head_k <= cols <= padded_head_dim(head_k)
+    assert cols % tile_intra.MMA_K == 0 and cols % tile_intra.EXACT_STEP == 0
+    assert cols < head_k + tile_intra.MMA_K
