@@ -174,7 +174,9 @@ run_stage() {
       save_triton_cache ;;
     benchany)
       stage benchany "${BENCH_LIMIT:-150}" python3 benchmarks/bench_forward.py --rows main --gate any \
-        --configs "${BENCH_CONFIGS:-tile,tile-w8}" --json "$out/benchany.json" ;;
+        --configs "${BENCH_CONFIGS:-tile,tile-w8}" --json "$out/benchany.json"
+      stage benchany_x10 "${BENCH_LIMIT:-150}" python3 benchmarks/bench_forward.py --rows main --gate any \
+        --gate-scale 10 --json "$out/benchany_x10.json" ;;
     sanitizer)  # SANITIZER_TOOLS picks the tools (default all four); memcheck also runs the hostile cu_seqlens
       export PYTORCH_NO_CUDA_MEMORY_CACHING=1
       for tool in ${SANITIZER_TOOLS:-memcheck racecheck initcheck synccheck}; do
