@@ -100,8 +100,11 @@ run_stage() {
       # exports this tree's as pany/head; an experiment adds its own beside it)
       for dir in /tmp/precompiled/pany/*/; do
         name=$(basename "$dir")
-        stage "phasesany_$name" 120 python3 benchmarks/fused_phases.py --objects "$dir" --gate any \
-          --only $(cd "$dir" && ls *.o | sed 's/\.o$//') --json "$out/phasesany_$name.json"
+        for scale in 1 10; do  # FLA's logsigmoid gates x 1 (every diagonal row fast) and x 10 (about half)
+          stage "phasesany_${name}_x$scale" 120 python3 benchmarks/fused_phases.py --objects "$dir" --gate any \
+            --gate-scale $scale --only $(cd "$dir" && ls *.o | sed 's/\.o$//') \
+            --json "$out/phasesany_${name}_x$scale.json"
+        done
       done ;;
     phasespad)  # the padded head sizes' phase variants from the tarball's pad/ (K = 60, 64: tile; K = 100: tile-w8)
       for dir in /tmp/precompiled/pad/k*/; do
