@@ -13,10 +13,14 @@ diagonal blocks:
 - `fp32-halving`: the block split recursively at its midpoint m (rows i >= m against columns j < m use the
   factors 2^(g_i - g_m) and 2^(g_m - g_j), both <= 1 for any gate), down to single pairs, fp32 products:
   2,048 exp2 per level and 4 levels per block (8,192, against 15,360 pairwise) and causal (m <= i).
-Gate families: FLA's safe gate (logsigmoid clamped at -5), logsigmoid x 10 and x 40 (unbounded), and x 10 with
-half the per-token gates exactly 0 (FLA's `mask_p`). Reports the norm-wise relative error against fp64 and the
-non-finite count. Numbers: docs/performance.md, "Any-gate diagonal blocks". Built (2026-12-04): `fp32-pairwise`, as
-`templates/tile_intra.py`'s `exact_diagonal` (safe_gate=False); `fp32-halving` is the candidate for fewer exp2.
+- `3xtf32-rows`: rows whose gate drops at most FAST_SPREAD from the block's first row take `tf32-shift`'s factors
+  multiplied as 3xTF32 (hi/lo splits); the other rows `fp32-pairwise` (built on the any-gate path,
+  `templates/tile_intra.py`'s FAST_SPREAD).
+Gate families: FLA's safe gate (logsigmoid clamped at -5), logsigmoid x 1 (FLA's test and benchmark gates), x 10
+and x 40 (unbounded), and x 10 with half the per-token gates exactly 0 (FLA's `mask_p`). Reports the norm-wise
+relative error against fp64 (whole output and diagonal blocks alone) and the non-finite count. Numbers:
+docs/performance.md, "Any-gate diagonal blocks". Built: `fp32-pairwise` (2026-12-04) as `templates/tile_intra.py`'s
+`exact_diagonal`, then `3xtf32-rows` with it for the slow rows (safe_gate=False).
 """
 from __future__ import annotations
 
@@ -27,8 +31,9 @@ import torch
 import torch.nn.functional as F
 
 C, K, BLOCK = 64, 128, 16
-GATES = ("safe", "x10", "x10-zeros", "x40")
-CANDIDATES = ("tf32-shift", "fp32-pairwise", "fp32-halving")
+GATES = ("safe", "x1", "x10", "x10-zeros", "x40")
+CANDIDATES = ("tf32-shift", "fp32-pairwise", "fp32-halving", "3xtf32-rows")
+FAST_SPREAD = 150.0  # `3xtf32-rows`: the largest gate drop (log2) from a block's first row that a row may factor
 
 
 def tf32(x: torch.Tensor) -> torch.Tensor:
@@ -41,6 +46,8 @@ def inputs(gate: str, tiles: int, gen: torch.Generator):
     raw = F.logsigmoid(torch.randn(tiles, C, K, generator=gen))
     if gate == "safe":
         raw = raw.clamp_min(-5.0)
+    elif gate == "x1":
+        pass
     elif gate == "x40":
         raw = raw * 40
     else:
@@ -79,6 +86,23 @@ def halving(x, k, g):
     return out
 
 
+def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x = hi + lo exactly, hi its TF32 bits (3xTF32)."""
+    hi = tf32(x)
+    return hi, x - hi
+
+
+def fast_rows(x, k, g):
+    """Rows whose gate drops at most FAST_SPREAD from the block's first row (then no factor over- or underflows):
+    the safe path's shifted factors, multiplied as 3xTF32 (lo.hi + hi.lo + hi.hi); other rows pairwise."""
+    r = g[:, :1] - 54.0
+    a_hi, a_lo = split(x * torch.exp2(g - r))
+    b_hi, b_lo = split(k * torch.exp2(r - g))
+    products = tf32(a_lo) @ b_hi.transpose(1, 2) + a_hi @ tf32(b_lo).transpose(1, 2) + a_hi @ b_hi.transpose(1, 2)
+    fast = ((g[:, :1] - g).amax(-1) <= FAST_SPREAD)[:, :, None]
+    return torch.where(fast, torch.tril(products), pairwise(x, k, g))
+
+
 def blocked(x, k, g, candidate: str, strict: bool) -> torch.Tensor:
     out = torch.zeros(x.shape[0], C, C)
     for a in range(C // BLOCK):
@@ -94,6 +118,8 @@ def blocked(x, k, g, candidate: str, strict: bool) -> torch.Tensor:
             diag = torch.tril(tf32(xa * torch.exp2(ga - r)) @ tf32(ka * torch.exp2(r - ga)).transpose(1, 2))
         elif candidate == "fp32-pairwise":
             diag = pairwise(xa, ka, ga)
+        elif candidate == "3xtf32-rows":
+            diag = fast_rows(xa, ka, ga)
         else:
             diag = torch.tril(halving(xa, ka, ga))
         out[:, rows, rows] = torch.tril(diag, diagonal=-1) if strict else diag
@@ -106,10 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     gen = torch.Generator().manual_seed(args.seed)
-    print("| gate | output | " + " | ".join(CANDIDATES) + " |")
-    print("|---|---|" + "---|" * len(CANDIDATES))
+    diagonal = torch.block_diag(*[torch.ones(BLOCK, BLOCK, dtype=torch.bool)] * (C // BLOCK))
+    print("Norm-wise error against fp64, whole output (in brackets: over the diagonal blocks alone); the gate's last "
+          f"column: rows whose gate drops at most {FAST_SPREAD:g} from their block's first row (`3xtf32-rows`)\n")
+    print("| gate | output | " + " | ".join(CANDIDATES) + " | fast rows |")
+    print("|---|---|" + "---|" * len(CANDIDATES) + "---|")
     for gate in GATES:
         q, k, g = inputs(gate, args.tiles, gen)
+        blocks = g.view(g.shape[0], C // BLOCK, BLOCK, K)
+        fast = ((blocks[:, :, :1] - blocks).amax(-1) <= FAST_SPREAD).double().mean().item()
         for name, x, strict in (("Aqk", q, False), ("L", k, True)):
             ref = exact(x, k, g, strict)
             cells = []
@@ -117,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
                 got = blocked(x, k, g, candidate, strict).double()
                 bad = int((~torch.isfinite(got)).sum())
                 err = (got - ref).norm().item() / ref.norm().item()
-                cells.append(f"{err:.2e}" + (f" ({bad} non-finite)" if bad else ""))
-            print(f"| {gate} | {name} | " + " | ".join(cells) + " |", flush=True)
+                diag = (got - ref)[:, diagonal].norm().item() / ref[:, diagonal].norm().item()
+                cells.append(f"{err:.2e} ({diag:.1e})" + (f" ({bad} non-finite)" if bad else ""))
+            print(f"| {gate} | {name} | " + " | ".join(cells) + f" | {fast:.0%} |", flush=True)
     return 0
 
 

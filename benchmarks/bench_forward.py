@@ -4,17 +4,18 @@
                                        [--plot out.png]
 
 Rows (K = V = 128, bf16 q/k/v, chunk 64, output_qg=False, FLA with safe_gate=True; with `--gate any`, FLA's
-logsigmoid gates and safe_gate=False on both sides): B=2 T=8192 H=64 with bf16 and fp32 beta; 32 packed sequences of
-lengths uniform in 1..4096 (seed 0), H=64; B=1 T=8192 H=32; B=8 T=2048 H=32; B=1 T=65536 H=8. The coverage rows
-(`--rows coverage`, not in `all`): B=2 T=8192 H=64 with fp16 q/k/v and beta, with K = V = 64 and 256 (bf16), with
-the padded sizes K = V = 60 and 100 (bf16), with grouped value heads (q, k with 16 heads, v, gk, beta and the
-outputs with 64), and with chunk_size 32. Every input set is larger than the H200's 50 MB L2, so one set is timed
-without rotation. Per row: median time (triton.testing.do_bench: warm-up, then the median of >= 20 timed runs) of
-FLA, `forward` as a user calls it (no tuning record: the spec's untuned configuration of the fused kernel, or the
-standalone kernels where `forward` runs those), and the standalone route (intra + inverse + recompute), the ratio
-FLA / forward, the fraction of the HBM floor (minimal traffic: each input read once, each output written once, at
-the measured copy rate), and a per-kernel breakdown from the torch profiler. `--configs` also times every fused
-configuration that fits the row (or the ones named, e.g. `--configs tile,tile-w8`). Prints a markdown table.
+logsigmoid gates, times `--gate-scale`, and safe_gate=False on both sides): B=2 T=8192 H=64 with bf16 and fp32 beta;
+32 packed sequences of lengths uniform in 1..4096 (seed 0), H=64; B=1 T=8192 H=32; B=8 T=2048 H=32; B=1 T=65536 H=8.
+The coverage rows (`--rows coverage`, not in `all`): B=2 T=8192 H=64 with fp16 q/k/v and beta, with K = V = 64 and
+256 (bf16), with the padded sizes K = V = 60 and 100 (bf16), with grouped value heads (q, k with 16 heads, v, gk,
+beta and the outputs with 64), and with chunk_size 32. Every input set is larger than the H200's 50 MB L2, so one
+set is timed without rotation. Per row: median time (triton.testing.do_bench: warm-up, then the median of >= 20
+timed runs) of FLA, `forward` as a user calls it (no tuning record: the spec's untuned configuration of the fused
+kernel, or the standalone kernels where `forward` runs those), and the standalone route (intra + inverse +
+recompute), the ratio FLA / forward, the fraction of the HBM floor (minimal traffic: each input read once, each
+output written once, at the measured copy rate), and a per-kernel breakdown from the torch profiler. `--configs`
+also times every fused configuration that fits the row (or the ones named, e.g. `--configs tile,tile-w8`). Prints a
+markdown table.
 """
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def kernel_breakdown(fn) -> list[tuple[str, float]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
-def make_row_inputs(B, T, H, beta, sequences, io="bf16", K=128, group=1, safe_gate=True, chunk=64):
+def make_row_inputs(B, T, H, beta, sequences, io="bf16", K=128, group=1, safe_gate=True, chunk=64, gate_scale=1.0):
     beta_dtype = BETA_TORCH_DTYPES[beta]
     cu = None
     if sequences:
@@ -92,7 +93,7 @@ def make_row_inputs(B, T, H, beta, sequences, io="bf16", K=128, group=1, safe_ga
         cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32).cuda()
         B, T = 1, int(lengths.sum())
     x = reference.make_inputs(B, T, H // group, K, K, beta_dtype=beta_dtype, io_dtype=IO_TORCH_DTYPES[io],
-                              cu_seqlens=cu, value_heads=H, device="cuda", gate_scale=None if safe_gate else 1.0,
+                              cu_seqlens=cu, value_heads=H, device="cuda", gate_scale=None if safe_gate else gate_scale,
                               chunk_size=chunk)
     return x, cu, B * T
 
@@ -111,9 +112,9 @@ def standalone_route():
             os.environ["KDAJIT_FORWARD_ROUTE"] = before
 
 
-def run_row(name: str, configs: str | None, safe_gate: bool = True) -> dict:
+def run_row(name: str, configs: str | None, safe_gate: bool = True, gate_scale: float = 1.0) -> dict:
     B, T, H, beta, sequences, io, K, group, chunk = ROWS[name]
-    x, cu, tokens = make_row_inputs(B, T, H, beta, sequences, io, K, group, safe_gate, chunk)
+    x, cu, tokens = make_row_inputs(B, T, H, beta, sequences, io, K, group, safe_gate, chunk, gate_scale)
     args = (x["q"], x["k"], x["v"], x["gk"], x["beta"], None, cu, chunk, False, safe_gate, None)
 
     def fused(config=FusedConfig()):
@@ -123,8 +124,8 @@ def run_row(name: str, configs: str | None, safe_gate: bool = True) -> dict:
         return api._forward(*args)
 
     r = {"row": name, "B": B, "T": T, "H": H, "qk_heads": H // group, "K": K, "io": io, "tokens": tokens,
-         "sequences": sequences, "safe_gate": safe_gate, "chunk": chunk,
-         "beta": beta, "gpu": torch.cuda.get_device_name()}
+         "sequences": sequences, "safe_gate": safe_gate, "gate_scale": None if safe_gate else gate_scale,
+         "chunk": chunk, "beta": beta, "gpu": torch.cuda.get_device_name()}
     r["forward_ms"] = bench(forward_route)
     with standalone_route():
         r["standalone_ms"] = bench(forward_route)
@@ -189,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gate", choices=("safe", "any"), default="safe",
                         help="safe: lower-bound gates, safe_gate=True (default); any: FLA's logsigmoid test gates, "
                              "safe_gate=False for kdajit and FLA (FLA's token-parallel intra)")
+    parser.add_argument("--gate-scale", type=float, default=1.0,
+                        help="with --gate any: the logsigmoid gates' scale (default 1; FLA's tests also use 10 and "
+                             "40; kdajit's any-gate path takes per-pair sums in the rows of steep gates)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--plot", help="draw time against tokens x heads to this PNG (needs matplotlib)")
     args = parser.parse_args(argv)
@@ -203,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     results = []
     for name in names:
-        r = run_row(name, args.configs, args.gate == "safe")
+        r = run_row(name, args.configs, args.gate == "safe", args.gate_scale)
         results.append(r)
         print(f"{name}: forward {r['forward_ms']:.3f} ms, standalone {r['standalone_ms']:.3f} ms, FLA "
               f"{r['fla_ms'] or float('nan'):.3f} ms, floor {r['floor_ms']:.3f} ms", flush=True)

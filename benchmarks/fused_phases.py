@@ -12,9 +12,9 @@ its phases: loads (q, k, g cp.async, v, beta), intra (Aqk, L), inverse (Akk), re
 A variant without some phase computes garbage (it is a timing instrument, never cached and never
 reachable from `kdajit.forward`); the differences between variants bound what each phase costs when
 the others run beside it. Shape: B=2 T=8192 H=64, bf16 beta, output_qg=False (the main bench row), chunk 64
-unless `--chunk 32`, the safe-gate path unless `--gate any` (safe_gate=False: the exact diagonal blocks; the timed
-inputs' gates are the safe ones either way, which the any-gate kernel's time does not depend on), K = V = 128 unless
-`--kv` names another head size (the objects of a directory are of the size they were exported with).
+unless `--chunk 32`, the safe-gate path unless `--gate any` (safe_gate=False; its diagonal blocks cost more in the
+rows of steep gates, so `--gate-scale S` times it on FLA's logsigmoid gates times S instead of the safe ones),
+K = V = 128 unless `--kv` names another head size (the objects of a directory are of the size they were exported with).
 Variants are compiled in this process unless `--objects` names a directory written by `--export`.
 """
 from __future__ import annotations
@@ -70,7 +70,7 @@ def export(directory: str, chunk: int, only: list[str] | None, safe_gate: bool, 
 
 
 def time_variants(objects: str | None, chunk: int, only: list[str] | None, profile: bool,
-                  safe_gate: bool, kv: int) -> list[dict]:
+                  safe_gate: bool, kv: int, gate_scale: float | None = None) -> list[dict]:
     """Median times of the selected variants; with `profile`, instead one launch of each between
     cudaProfilerStart and cudaProfilerStop (for `ncu --profile-from-start off`), after a warm-up."""
     import torch
@@ -80,7 +80,8 @@ def time_variants(objects: str | None, chunk: int, only: list[str] | None, profi
     from kdajit.keys import FusedConfig, FusedForwardKey
 
     B, T, H = 2, 8192, 64
-    x = reference.make_inputs(B, T, H, kv, kv, beta_dtype=torch.bfloat16, device="cuda", chunk_size=chunk)
+    x = reference.make_inputs(B, T, H, kv, kv, beta_dtype=torch.bfloat16, device="cuda", chunk_size=chunk,
+                              gate_scale=gate_scale)
     empty = lambda d: torch.empty(B, T, H, d, dtype=torch.bfloat16, device="cuda")
     outs = (empty(chunk), empty(chunk), empty(kv), empty(kv), empty(kv))
     qg = torch.zeros(1, 1, 1, kv, dtype=torch.bfloat16, device="cuda")
@@ -112,7 +113,7 @@ def time_variants(objects: str | None, chunk: int, only: list[str] | None, profi
             continue
         ms = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
         results.append({"config": config_name, "variant": name, "phases": list(phases), "chunk": chunk,
-                        "safe_gate": safe_gate, "kv": kv, "ms": ms})
+                        "safe_gate": safe_gate, "kv": kv, "gate_scale": gate_scale, "ms": ms})
         print(f"| {config_name} | {name} | {ms:.3f} |", flush=True)
     return results
 
@@ -124,6 +125,8 @@ def main(argv=None) -> int:
     parser.add_argument("--chunk", type=int, choices=(32, 64), default=64, help="chunk size (default 64)")
     parser.add_argument("--gate", choices=("safe", "any"), default="safe",
                         help="the safe-gate path (default) or the any-gate path (safe_gate=False)")
+    parser.add_argument("--gate-scale", type=float, default=None,
+                        help="time on FLA's logsigmoid gates times this (default: the safe gates)")
     parser.add_argument("--kv", type=int, default=128, help="head size K = V (default 128)")
     parser.add_argument("--json", help="write the timings here")
     parser.add_argument("--only", nargs="+", metavar="CONFIG.VARIANT", help="only these variants (e.g. tile-w8.all)")
@@ -137,7 +140,8 @@ def main(argv=None) -> int:
         parser.error("--json: nothing is timed with --profile")
     if not args.profile:
         print("| config | phases kept | ms |\n|---|---|---|")
-    results = time_variants(args.objects, args.chunk, args.only, args.profile, args.gate == "safe", args.kv)
+    results = time_variants(args.objects, args.chunk, args.only, args.profile, args.gate == "safe", args.kv,
+                            args.gate_scale)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

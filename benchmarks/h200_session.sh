@@ -100,8 +100,11 @@ run_stage() {
       # exports this tree's as pany/head; an experiment adds its own beside it)
       for dir in /tmp/precompiled/pany/*/; do
         name=$(basename "$dir")
-        stage "phasesany_$name" 120 python3 benchmarks/fused_phases.py --objects "$dir" --gate any \
-          --only $(cd "$dir" && ls *.o | sed 's/\.o$//') --json "$out/phasesany_$name.json"
+        for scale in 1 10; do  # FLA's logsigmoid gates x 1 (every diagonal row fast) and x 10 (about half)
+          stage "phasesany_${name}_x$scale" 120 python3 benchmarks/fused_phases.py --objects "$dir" --gate any \
+            --gate-scale $scale --only $(cd "$dir" && ls *.o | sed 's/\.o$//') \
+            --json "$out/phasesany_${name}_x$scale.json"
+        done
       done ;;
     phasespad)  # the padded head sizes' phase variants from the tarball's pad/ (K = 60, 64: tile; K = 100: tile-w8)
       for dir in /tmp/precompiled/pad/k*/; do
@@ -174,7 +177,9 @@ run_stage() {
       save_triton_cache ;;
     benchany)
       stage benchany "${BENCH_LIMIT:-150}" python3 benchmarks/bench_forward.py --rows main --gate any \
-        --configs "${BENCH_CONFIGS:-tile,tile-w8}" --json "$out/benchany.json" ;;
+        --configs "${BENCH_CONFIGS:-tile,tile-w8}" --json "$out/benchany.json"
+      stage benchany_x10 "${BENCH_LIMIT:-150}" python3 benchmarks/bench_forward.py --rows main --gate any \
+        --gate-scale 10 --json "$out/benchany_x10.json" ;;
     sanitizer)  # SANITIZER_TOOLS picks the tools (default all four); memcheck also runs the hostile cu_seqlens
       export PYTORCH_NO_CUDA_MEMORY_CACHING=1
       for tool in ${SANITIZER_TOOLS:-memcheck racecheck initcheck synccheck}; do

@@ -30,11 +30,41 @@ DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Flo
 IO_TYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}  # q, k, v and the 16-bit outputs (key.io_dtype)
 CU_SEQLENS_DTYPES = {"cu32": cutlass.Int32, "cu64": cutlass.Int64}
 TF32_MMA_SHAPE = (16, 8, 8)  # mma.sync m16n8k8 tf32: the intra blocks' products and the inverse's merges
+TF32_BITS = 0xFFFFE000  # of an fp32 value: sign, exponent and the 10 mantissa bits a TF32 operand keeps
 
 
 def make_tf32_mma() -> cute.TiledMma:
     """One warp's `mma.sync m16n8k8` on tf32 operands with fp32 accumulate: every warp owns whole output tiles."""
     return cute.make_tiled_mma(warp.MmaTF32Op(TF32_MMA_SHAPE), cute.make_layout((1, 1, 1)))
+
+
+@cute.jit
+def tf32_split(rX: cute.Tensor, rHi: cute.Tensor, rLo: cute.Tensor):
+    """rHi := rX's TF32 bits (the low 13 mantissa bits cleared), rLo := rX - rHi (exact)."""
+    bits = cute.recast_tensor(rX, cutlass.Uint32)
+    hi_bits = cute.recast_tensor(rHi, cutlass.Uint32)
+    for v in cutlass.range_constexpr(cute.size(rX)):
+        hi_bits[v] = bits[v] & cutlass.Uint32(TF32_BITS)
+    rLo.store(rX.load() - rHi.load())
+
+
+def tf32(t):
+    """An fp32 register tensor as the tensor core's TF32 operand (same bits)."""
+    return cute.recast_tensor(t, cutlass.TFloat32)
+
+
+@cute.jit
+def tf32x3_gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, rA: cute.Tensor, rB: cute.Tensor):
+    """acc += A B for fp32 fragments rA, rB as 3xTF32: each operand x splits exactly into x_hi (its TF32 bits) and
+    x_lo = x - x_hi (`tf32_split`), then three `mma.sync` in this order: A_lo B_hi, A_hi B_lo, A_hi B_hi (A_lo B_lo
+    is left out; the tensor core reads x_lo's TF32 bits only)."""
+    rAhi, rAlo = cute.make_rmem_tensor_like(rA), cute.make_rmem_tensor_like(rA)
+    rBhi, rBlo = cute.make_rmem_tensor_like(rB), cute.make_rmem_tensor_like(rB)
+    tf32_split(rA, rAhi, rAlo)
+    tf32_split(rB, rBhi, rBlo)
+    cute.gemm(tiled_mma, acc, tf32(rAlo), tf32(rBhi), acc)
+    cute.gemm(tiled_mma, acc, tf32(rAhi), tf32(rBlo), acc)
+    cute.gemm(tiled_mma, acc, tf32(rAhi), tf32(rBhi), acc)
 
 
 class SymbolicShapes:

@@ -17,7 +17,7 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 
 from kdajit.keys import padded_head_dim
-from kdajit.templates.common import RN, global_vec
+from kdajit.templates.common import RN, global_vec, tf32, tf32x3_gemm
 
 SUB = 16        # rows of one sub-block (the MMA M)
 MMA_K = 8       # head-dim step of one mma.sync m16n8k8
@@ -26,6 +26,12 @@ PAD_BYTES = 16  # extra bytes per shared row: shifts consecutive rows by 4 banks
 # >= -5/ln 2 = -7.21 in log2) a 16-row block spans at most 15 * 7.21 = 108.2, so with r = g[16a] - 54
 # the A factor 2^(g_i - r) lies in [2^-54.2, 2^54] and the B factor 2^(r - g_j) in [2^-54, 2^54.2].
 DIAG_SHIFT = 54.0
+# Any gate (`safe_gate=False`): a row i of a diagonal block whose gate drops at most FAST_SPREAD from the block's first
+# row in every column (g[16a, d] - g[i, d] <= FAST_SPREAD) takes the same shifted factors as the safe path, multiplied
+# as 3xTF32: its A factors lie in [2^(54 - 150), 2^54] and the B factors of its columns j <= i in [2^-54, 2^96], so
+# nothing over- or underflows (a TF32 lo part stays normal). The other rows take `exact_diagonal`. A row's path
+# depends on rows 16a and i only (causal). CPU study: benchmarks/any_gate_numerics.py.
+FAST_SPREAD = 150.0
 
 # (row block a, diagonal?, column blocks b) per warp; see templates/intra.py.
 WARP_GROUPS = (
@@ -183,7 +189,7 @@ def intra_tile(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: c
                           for n in range(width)]
             if SUB * a < valid_rows:
                 row_block_group(tiled_mma, sQ, sK, sG, sBeta, dAqk, dL, lane, valid_rows, scale,
-                                a, diagonal, col_blocks, (EXACT_UNROLL if exact else MAINLOOP_UNROLL)[schedule], exact)
+                                a, diagonal, col_blocks, MAINLOOP_UNROLL[schedule], exact and EXACT_UNROLL[schedule])
 
 
 def summed_cols(head_k: int) -> int:
@@ -225,11 +231,12 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
                     sBeta: cute.Tensor, dAqk: cute.Tensor, dL: cute.Tensor, lane: cutlass.Int32,
                     valid_rows: cutlass.Int32, scale: cutlass.Float32, a: cutlass.Int32,
                     diagonal: cutlass.Constexpr, col_blocks: list, unroll: cutlass.Constexpr,
-                    exact: cutlass.Constexpr = False):
+                    exact_unroll: cutlass.Constexpr = 0):
     """Blocks (a, b) for b in col_blocks (run-time block indices), all with one reference row; also the
-    zero blocks b > a when `diagonal` (then col_blocks == [a]). `unroll`: mainloop (or `exact_diagonal`) steps per
-    iteration (MAINLOOP_UNROLL, EXACT_UNROLL). `exact` (diagonal blocks of the any-gate path): the sums come from
-    `exact_diagonal` instead of the TF32 mainloop; the epilogue is the same."""
+    zero blocks b > a when `diagonal` (then col_blocks == [a]). `unroll`: mainloop steps per iteration
+    (MAINLOOP_UNROLL). `exact_unroll` (diagonal blocks of the any-gate path; 0 elsewhere): the mainloop multiplies
+    as 3xTF32, and the rows past FAST_SPREAD take their sums from `exact_diagonal` (EXACT_UNROLL steps per
+    iteration) instead; the epilogue is the same."""
     head_k = cute.size(sQ, mode=[1])
     row_blocks = cute.size(sQ, mode=[0]) // SUB
     thr_mma = tiled_mma.get_slice(lane)
@@ -266,24 +273,32 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
     # Rows >= valid_rows of the shared tiles hold whatever was there (they are never loaded) and enter the
     # products unmasked: an A row i only reaches output row i, which is not stored, and a B column j >= valid_rows
     # only reaches output column j > i of a valid row i, in a diagonal block, where the epilogue's select puts 0.
+    exact = cutlass.const_expr(exact_unroll > 0)
+    rArgMin = cute.make_rmem_tensor(tAsG[None, None, 0].shape, cutlass.Float32)  # exact: min over d of A's exponent
+    rArgMin.fill(DIAG_SHIFT)
+    for kk in cutlass.range(head_k // MMA_K, unroll=unroll):
+        refA = tAsRef[None, None, kk].load()
+        refB = tBsRef[None, None, kk].load()
+        if cutlass.const_expr(diagonal):
+            refA = refA - cutlass.Float32(DIAG_SHIFT)
+            refB = refB - cutlass.Float32(DIAG_SHIFT)
+        argA = tAsG[None, None, kk].load() - refA
+        if cutlass.const_expr(exact):
+            rArgMin.store(cute.where(argA < rArgMin.load(), argA, rArgMin.load()))
+        gateA = cute.math.exp2(argA, fastmath=True)
+        rQA.store(tAsQ[None, None, kk].load().to(cutlass.Float32) * gateA)
+        rKA.store(tAsK[None, None, kk].load().to(cutlass.Float32) * gateA)
+        for n in cutlass.range_constexpr(len(col_blocks)):
+            gateB = cute.math.exp2(refB - tBsG[n][None, None, kk].load(), fastmath=True)
+            rKB.store(tBsK[n][None, None, kk].load().to(cutlass.Float32) * gateB)
+            if cutlass.const_expr(exact):
+                tf32x3_gemm(tiled_mma, accQK[n], rQA, rKB)
+                tf32x3_gemm(tiled_mma, accKK[n], rKA, rKB)
+            else:
+                cute.gemm(tiled_mma, accQK[n], tf32(rQA), tf32(rKB), accQK[n])
+                cute.gemm(tiled_mma, accKK[n], tf32(rKA), tf32(rKB), accKK[n])
     if cutlass.const_expr(exact):
-        exact_diagonal(sQ, sK, sG, a, cC, accQK[0], accKK[0], unroll)
-    else:
-        for kk in cutlass.range(head_k // MMA_K, unroll=unroll):
-            refA = tAsRef[None, None, kk].load()
-            refB = tBsRef[None, None, kk].load()
-            if cutlass.const_expr(diagonal):
-                refA = refA - cutlass.Float32(DIAG_SHIFT)
-                refB = refB - cutlass.Float32(DIAG_SHIFT)
-            gateA = cute.math.exp2(tAsG[None, None, kk].load() - refA, fastmath=True)
-            rQA.store(tAsQ[None, None, kk].load().to(cutlass.Float32) * gateA)
-            rKA.store(tAsK[None, None, kk].load().to(cutlass.Float32) * gateA)
-            for n in cutlass.range_constexpr(len(col_blocks)):
-                gateB = cute.math.exp2(refB - tBsG[n][None, None, kk].load(), fastmath=True)
-                rKB.store(tBsK[n][None, None, kk].load().to(cutlass.Float32) * gateB)
-                tf32KB = cute.recast_tensor(rKB, cutlass.TFloat32)
-                cute.gemm(tiled_mma, accQK[n], cute.recast_tensor(rQA, cutlass.TFloat32), tf32KB, accQK[n])
-                cute.gemm(tiled_mma, accKK[n], cute.recast_tensor(rKA, cutlass.TFloat32), tf32KB, accKK[n])
+        exact_rows(sQ, sK, sG, a, tiled_mma, cC, rArgMin, accQK[0], accKK[0], exact_unroll)
 
     # ///////////////////////////////////////////////////////////////////////////////
     #  EPILOG: scale / beta, mask, cast, store rows < valid_rows
@@ -318,6 +333,42 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
             if b > a:
                 store_block(thr_mma, rAqkZero, dAqk, cC, valid_rows, a, b)
                 store_block(thr_mma, rLZero, dL, cC, valid_rows, a, b)
+
+
+@cute.jit
+def exact_rows(sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor, a: cutlass.Int32, tiled_mma: cute.TiledMma,
+               cC: cute.Tensor, rArgMin: cute.Tensor, accQK: cute.Tensor, accKK: cute.Tensor,
+               unroll: cutlass.Constexpr):
+    """Diagonal block (a, a) of the any-gate path, after the 3xTF32 mainloop: replace the sums of the rows past
+    FAST_SPREAD (rArgMin: this lane's minimum over its d of A's exponent g[i, d] - g[16a, d] + DIAG_SHIFT, per A
+    fragment element) by `exact_diagonal`'s. The warp runs `exact_diagonal` only when one of its rows needs it."""
+    f32 = cutlass.Float32
+    # (row, d) of rArgMin's elements in lane 0's fragment: the row half of an element is the same in every lane
+    cA = tiled_mma.get_slice(0).partition_A(cute.make_identity_tensor((SUB, MMA_K)))[None, None, 0]
+    halves = cute.size(cC, mode=[0, 1])  # the accumulator's rows r and r + 8 (A's rows, the same lane)
+    slow = []
+    any_slow = cutlass.Boolean(False)
+    for h in cutlass.range_constexpr(halves):
+        row_min = f32(DIAG_SHIFT)
+        for v in cutlass.range_constexpr(cute.size(cA)):
+            if cutlass.const_expr(cA[v][0] // 8 == h):
+                row_min = cutlass.select_(rArgMin[v] < row_min, rArgMin[v], row_min)
+        for offset in (1, 2):  # the 4 lanes of a row hold its d's between them
+            other = cute.arch.shuffle_sync_bfly(row_min, offset=offset)
+            row_min = cutlass.select_(other < row_min, other, row_min)
+        slow.append(cutlass.not_(row_min >= f32(DIAG_SHIFT - FAST_SPREAD)))  # a NaN exponent is slow too
+        any_slow = any_slow | slow[h]
+    if cute.arch.vote_any_sync(any_slow):
+        exQK = cute.make_rmem_tensor(cC.shape, f32)
+        exKK = cute.make_rmem_tensor(cC.shape, f32)
+        exQK.fill(0.0)
+        exKK.fill(0.0)
+        exact_diagonal(sQ, sK, sG, a, cC, exQK, exKK, unroll)
+        for n in cutlass.range_constexpr(cute.size(cC, mode=[2])):
+            for h in cutlass.range_constexpr(halves):
+                for e in cutlass.range_constexpr(cute.size(cC, mode=[0, 0])):
+                    accQK[(e, h), 0, n] = cutlass.select_(slow[h], exQK[(e, h), 0, n], accQK[(e, h), 0, n])
+                    accKK[(e, h), 0, n] = cutlass.select_(slow[h], exKK[(e, h), 0, n], accKK[(e, h), 0, n])
 
 
 @cute.jit

@@ -16,13 +16,12 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from kdajit.templates.common import RN, TF32_MMA_SHAPE, make_tf32_mma, sync_group
+from kdajit.templates.common import RN, TF32_MMA_SHAPE, make_tf32_mma, sync_group, tf32x3_gemm
 
 _PANEL = 4  # columns per panel: one 16-byte shared load of 4 fp32 L values per row
 BLOCK = 16  # rows of the diagonal blocks inverted by forward substitution
 NUM_WARPS = 4
 MMA_M, MMA_N, MMA_K = TF32_MMA_SHAPE  # the merges' output tile (16 x 8) and k-step (8)
-TF32_BITS = 0xFFFFE000  # of an fp32 value: sign, exponent and the 10 mantissa bits a TF32 operand keeps
 L_PAD = 4  # fp32 elements after each row of the L tile (`l_tile_layout`)
 
 
@@ -291,10 +290,8 @@ def tf32x3_product(lane: cutlass.Int32, sA: cute.Tensor, a_row: cutlass.Int32, a
     layout: each fragment element is read at its own coordinate). Returns (the accumulator fragment, its
     (i, j) coordinates).
 
-    3xTF32: each fp32 operand x splits exactly into x_hi (its TF32 bits: sign, exponent, 10 mantissa bits)
-    and x_lo = x - x_hi (`sub.f32`, exact); per k-step, ascending, three `mma.sync m16n8k8 tf32` into one
-    fp32 accumulator from +0: A_lo B_hi, then A_hi B_lo, then A_hi B_hi (A_lo B_lo is left out). The tensor
-    core reads x_lo's TF32 bits only."""
+    3xTF32 (`tf32x3_gemm`): per k-step, ascending, three `mma.sync m16n8k8 tf32` into one fp32 accumulator from
+    +0: A_lo B_hi, then A_hi B_lo, then A_hi B_hi."""
     f32 = cutlass.Float32
     tiled_mma = make_tf32_mma()
     thr = tiled_mma.get_slice(lane)
@@ -303,35 +300,16 @@ def tf32x3_product(lane: cutlass.Int32, sA: cute.Tensor, a_row: cutlass.Int32, a
     coords = thr.partition_C(cute.make_identity_tensor((MMA_M, MMA_N)))
     acc = cute.make_rmem_tensor(coords.shape, f32)
     acc.fill(0.0)
-    rA = [cute.make_rmem_tensor(cA.shape, f32) for _ in range(3)]  # x, x_hi, x_lo
-    rB = [cute.make_rmem_tensor(cB.shape, f32) for _ in range(3)]
+    rA = cute.make_rmem_tensor(cA.shape, f32)
+    rB = cute.make_rmem_tensor(cB.shape, f32)
     for s in cutlass.range(step_begin, step_end, unroll=1):
         k0 = MMA_K * s
         for v in cutlass.range_constexpr(cute.size(cA)):
-            rA[0][v] = sA[a_row + cA[v][0], a_col + k0 + cA[v][1]]
+            rA[v] = sA[a_row + cA[v][0], a_col + k0 + cA[v][1]]
         for v in cutlass.range_constexpr(cute.size(cB)):
-            rB[0][v] = sB[b_row + k0 + cB[v][1], b_col + cB[v][0]]
-        tf32_split(*rA)
-        tf32_split(*rB)
-        cute.gemm(tiled_mma, acc, tf32(rA[2]), tf32(rB[1]), acc)
-        cute.gemm(tiled_mma, acc, tf32(rA[1]), tf32(rB[2]), acc)
-        cute.gemm(tiled_mma, acc, tf32(rA[1]), tf32(rB[1]), acc)
+            rB[v] = sB[b_row + k0 + cB[v][1], b_col + cB[v][0]]
+        tf32x3_gemm(tiled_mma, acc, rA, rB)
     return acc, coords
-
-
-@cute.jit
-def tf32_split(rX: cute.Tensor, rHi: cute.Tensor, rLo: cute.Tensor):
-    """rHi := rX's TF32 bits (the low 13 mantissa bits cleared), rLo := rX - rHi (exact)."""
-    bits = cute.recast_tensor(rX, cutlass.Uint32)
-    hi_bits = cute.recast_tensor(rHi, cutlass.Uint32)
-    for v in cutlass.range_constexpr(cute.size(rX)):
-        hi_bits[v] = bits[v] & cutlass.Uint32(TF32_BITS)
-    rLo.store(rX.load() - rHi.load())
-
-
-def tf32(t):
-    """An fp32 register tensor as the tensor core's TF32 operand (same bits)."""
-    return cute.recast_tensor(t, cutlass.TFloat32)
 
 
 def chain_step(acc, l_is, x_s):

@@ -5,7 +5,8 @@ of them exactly 0, FLA's mask_p): far steeper than the safe path's bound, where 
 element written and finite, fp64 accuracy and the exact structure, each output's error at most FLA's
 safe_gate=False path's on the same inputs times docs/contract.md's factor, the fused kernel (every configuration
 it builds for the spec) bitwise equal to the standalone route, causal bits (appending tokens keeps earlier rows),
-and the off-diagonal 16 x 16 blocks bit-identical to the safe path's (only the diagonal blocks change).
+the off-diagonal 16 x 16 blocks bit-identical to the safe path's (only the diagonal blocks change), and diagonal
+blocks whose rows lie on both sides of the fast spread (docs/numerics.md) right in each row.
 """
 import pytest
 import torch
@@ -121,9 +122,24 @@ def test_appending_tokens_keeps_earlier_rows(seed, offset):
                       f"any gate: prefix of {prefix} tokens vs the same tokens followed by 58 more")
 
 
+def test_rows_on_both_sides_of_the_fast_spread(seed):
+    """A gate that drops 20 (log2) per token in every column: in each 16-row diagonal block rows 0-7 drop at most
+    140 from the block's first row and take the 3xTF32 products, rows 8-15 drop 160-300 and take the per-pair sums
+    (tile_intra.FAST_SPREAD = 150), so one block mixes both. Each row must get its own kind: the products of rows
+    10-15 overflow (NaN), so a row given the wrong kind is not finite."""
+    x = reference.make_inputs(2, 300, 3, device="cuda")
+    x["gk"] = reference.chunk_local_cumsum(torch.full_like(x["gk"], -20.0), 64)
+    out = any_gate(x)
+    for name in OUTPUTS:
+        assert torch.isfinite(getattr(out, name)).all(), f"{name} has non-finite values"
+    assert_fp64_accuracy_and_exact_structure(x, None, out, reference_of(x, None))
+    assert torch.equal(out.Aqk.view(torch.int16), any_gate_standalone(x).Aqk.view(torch.int16))
+
+
 def test_only_the_diagonal_blocks_differ_from_the_safe_path(seed):
     """On safe gates, Aqk's off-diagonal 16 x 16 blocks are the same bits in both paths (the same TF32 products);
-    the diagonal blocks are the any-gate path's fp32 sums, closer to fp64 than the safe path's TF32 ones."""
+    the diagonal blocks are the any-gate path's 3xTF32 products (every row is within the fast spread here), closer
+    to fp64 than the safe path's TF32 ones."""
     x = reference.make_inputs(2, 256, 4, device="cuda")
     safe = kdajit.forward(x["q"], x["k"], x["v"], x["gk"], x["beta"])
     exact = kdajit.forward(x["q"], x["k"], x["v"], x["gk"], x["beta"], safe_gate=False)

@@ -25,7 +25,7 @@ import torch
 from kdajit import compiler, reference
 
 compiler._cute()  # CuTe DSL with the arch pinned, before the template module imports it
-from kdajit.templates import tile_inverse  # noqa: E402
+from kdajit.templates import common, tile_inverse  # noqa: E402
 
 CHUNKS = (64, 32)
 THREADS = 32 * tile_inverse.NUM_WARPS
@@ -57,10 +57,10 @@ def _mul(a, b, rounding=None):
 
 
 def _tf32_split(x: np.float32) -> tuple:
-    """(x_hi, x_lo) of tile_inverse.tf32_split; the tensor core reads x_lo's TF32 bits only."""
-    hi = np.array([x], np.float32).view(np.uint32) & np.uint32(tile_inverse.TF32_BITS)
+    """(x_hi, x_lo) of common.tf32_split; the tensor core reads x_lo's TF32 bits only."""
+    hi = np.array([x], np.float32).view(np.uint32) & np.uint32(common.TF32_BITS)
     hi = hi.view(np.float32)[0]
-    lo = np.array([np.float32(x - hi)], np.float32).view(np.uint32) & np.uint32(tile_inverse.TF32_BITS)
+    lo = np.array([np.float32(x - hi)], np.float32).view(np.uint32) & np.uint32(common.TF32_BITS)
     return np.float64(hi), np.float64(lo.view(np.float32)[0])
 
 
