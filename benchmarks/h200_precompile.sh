@@ -100,5 +100,6 @@ fused_bf16_128 --gate any --beta fp32 --varlen dense,cu64 --qg off "${configs[@]
 fused_bf16_128 --gate any --beta fp32 --varlen dense,cu64 --qg on "${qg_configs[@]}"
 precompile --gate any --io fp16 --beta fp16 --kv 64 --varlen cu64 --qg on --config ref
 precompile --gate any --io bf16 --beta bf16 --kv 256 --varlen cu64 --qg on --config ref
-tar -C .gpu-cache -cJf .gpu-cache/cpu.tar.xz cpu phases pany pad $([[ -d .gpu-cache/compare ]] && echo compare)
+# .gpu-cache/extra/EXP/ (kept between runs): an experiment's objects exported from its own tree (h200_session.sh extra)
+tar -C .gpu-cache -cJf .gpu-cache/cpu.tar.xz cpu phases pany pad $(cd .gpu-cache && ls -d compare extra 2>/dev/null)
 ls -la .gpu-cache/cpu.tar.xz

@@ -9,7 +9,8 @@
 # benchmain (the two main rows, every fused configuration; BENCH_ROWS, BENCH_CONFIGS, BENCH_LIMIT), benchcov
 # (the coverage rows, tile configurations), phases (fused_phases, objects from the
 # tarball), phasespad (the K = 60 / 64 / 100 phase variants), compare (COMPARE_BASE's fused kernels against this
-# tree's, bit for bit; benchmarks/compare_objects.py), phasesany (fused_phases --gate any on each object directory
+# tree's, bit for bit; benchmarks/compare_objects.py), extra (experiments' objects from other trees under
+# .gpu-cache/extra/: phases and bit comparisons), phasesany (fused_phases --gate any on each object directory
 # under the tarball's pany/), dslfree
 # (benchmarks/dsl_free_load.py), host (bench_host), tune (kdajit tune at the two
 # tuning-evidence shapes), fla (FLA-backend GPU tests and bench), flabench (bench_fla_backend alone),
@@ -117,6 +118,22 @@ run_stage() {
         name=$(basename "$dir"); kv_gate=${name#kv}
         stage "compare_$name" 120 python3 benchmarks/compare_objects.py "/tmp/precompiled/compare/base/$name" "$dir" \
           --kv "${kv_gate%-*}" --gate "${kv_gate#*-}"
+      done ;;
+    extra)  # experiments' objects under the tarball's extra/EXP/ (exported from other trees with other_tree.py):
+      # EXP/phases/ (safe gate, K = 128) timed with fused_phases, EXP/compare/main/kvK-GATE/ against
+      # EXP/compare/EXP/kvK-GATE/ bit for bit (compare_objects.py)
+      for exp_dir in /tmp/precompiled/extra/*/; do
+        exp=$(basename "$exp_dir")
+        if [[ -d "$exp_dir/phases" ]]; then
+          stage "extra_${exp}_phases" 120 python3 benchmarks/fused_phases.py --objects "$exp_dir/phases" \
+            --only $(cd "$exp_dir/phases" && ls *.o | sed 's/\.o$//')
+        fi
+        for set_dir in "$exp_dir"compare/main/kv*/; do
+          [[ -d "$set_dir" ]] || continue
+          name=$(basename "$set_dir"); kv_gate=${name#kv}
+          stage "extra_${exp}_compare_$name" 120 python3 benchmarks/compare_objects.py "$set_dir" \
+            "$exp_dir/compare/$exp/$name" --kv "${kv_gate%-*}" --gate "${kv_gate#*-}"
+        done
       done ;;
     dslfree)  # a cached fused kernel linked into a shared library and run through TVM-FFI alone (no DSL import)
       stage dslfree 90 python3 benchmarks/dsl_free_load.py --json "$out/dsl_free.json" ;;
