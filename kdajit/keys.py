@@ -299,8 +299,9 @@ class ForwardSpec:
     """One user-level specialization of the forward intra stage.
 
     `safe_gate`: True for the fast path that assumes KDA's lower-bound gate (every per-token log-gate >= -5);
-    False for the any-gate path (diagonal blocks by per-pair exponentials in fp32, finite for every gate <= 0;
-    docs/numerics.md). The two give different bits; each is exact in its own order.
+    False for the any-gate path (diagonal blocks as 3xTF32 products where the gate drops little inside a 16-row
+    block, else by per-pair exponentials in fp32: finite for every gate <= 0; docs/numerics.md). The two give
+    different bits; each is exact in its own order.
     """
 
     beta_dtype: str

@@ -29,8 +29,9 @@ DIAG_SHIFT = 54.0
 # Any gate (`safe_gate=False`): a row i of a diagonal block whose gate drops at most FAST_SPREAD from the block's first
 # row in every column (g[16a, d] - g[i, d] <= FAST_SPREAD) takes the same shifted factors as the safe path, multiplied
 # as 3xTF32: its A factors lie in [2^(54 - 150), 2^54] and the B factors of its columns j <= i in [2^-54, 2^96], so
-# nothing over- or underflows (a TF32 lo part stays normal). The other rows take `exact_diagonal`. A row's path
-# depends on rows 16a and i only (causal). CPU study: benchmarks/any_gate_numerics.py.
+# no factor over- or underflows (an operand below ~2^-103 has a subnormal lo part: a negligible loss). The other rows,
+# and a row with a NaN exponent, take `exact_diagonal`. A row's path depends on rows 16a and i only (causal). CPU
+# study: benchmarks/any_gate_numerics.py.
 FAST_SPREAD = 150.0
 
 # (row block a, diagonal?, column blocks b) per warp; see templates/intra.py.
@@ -55,8 +56,8 @@ WARP_GROUPS_8 = (
     ((3, True, (3,)),),
 )
 
-# The any-gate schedule (safe_gate=False): the diagonal blocks are products on the CUDA cores (`exact_diagonal`),
-# several times an off-diagonal group's cost, so every warp takes one, beside the off-diagonal groups.
+# The any-gate schedule (safe_gate=False): the diagonal blocks cost more (3xTF32 products, and `exact_diagonal` on the
+# CUDA cores for the rows of steep gates), so every warp takes one, beside the off-diagonal groups.
 WARP_GROUPS_EXACT = (
     ((3, False, (0, 1, 2)), (0, True, (0,))),
     ((2, False, (0, 1)), (1, True, (1,))),
@@ -171,8 +172,8 @@ def intra_tile(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: c
     dAqk, dL: [chunk, chunk] destinations (global or shared) of Aqk (io dtype) and L (fp32); rows
     >= valid_rows are not written. `head_k`: the true head size K; the products sum over the tiles' first
     `summed_cols(head_k)` columns only. `safe_gate`: diagonal blocks as TF32 products of shifted factors
-    (True) or as fp32 sums of per-pair exponentials (False, any gate; `exact_diagonal`). The caller
-    synchronizes before and after.
+    (True) or, for any gate (False), as 3xTF32 products of them in the rows within FAST_SPREAD and fp32 sums of
+    per-pair exponentials in the others (`exact_rows`). The caller synchronizes before and after.
     """
     cols = summed_cols(head_k)
     if cutlass.const_expr(cols < cute.size(sQ, mode=[1])):
@@ -284,7 +285,7 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
             refB = refB - cutlass.Float32(DIAG_SHIFT)
         argA = tAsG[None, None, kk].load() - refA
         if cutlass.const_expr(exact):
-            rArgMin.store(cute.where(argA < rArgMin.load(), argA, rArgMin.load()))
+            rArgMin.store(cute.where((argA < rArgMin.load()) | (argA != argA), argA, rArgMin.load()))  # NaN sticks
         gateA = cute.math.exp2(argA, fastmath=True)
         rQA.store(tAsQ[None, None, kk].load().to(cutlass.Float32) * gateA)
         rKA.store(tAsK[None, None, kk].load().to(cutlass.Float32) * gateA)
@@ -341,7 +342,8 @@ def exact_rows(sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor, a: cutlass.Int
                unroll: cutlass.Constexpr):
     """Diagonal block (a, a) of the any-gate path, after the 3xTF32 mainloop: replace the sums of the rows past
     FAST_SPREAD (rArgMin: this lane's minimum over its d of A's exponent g[i, d] - g[16a, d] + DIAG_SHIFT, per A
-    fragment element) by `exact_diagonal`'s. The warp runs `exact_diagonal` only when one of its rows needs it."""
+    fragment element; NaN if one was) by `exact_diagonal`'s. The warp runs `exact_diagonal` only when one of its rows
+    needs it (rows >= valid_rows, whatever their stale values say, count too: they are never stored)."""
     f32 = cutlass.Float32
     # (row, d) of rArgMin's elements in lane 0's fragment: the row half of an element is the same in every lane
     cA = tiled_mma.get_slice(0).partition_A(cute.make_identity_tensor((SUB, MMA_K)))[None, None, 0]
@@ -352,10 +354,10 @@ def exact_rows(sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor, a: cutlass.Int
         row_min = f32(DIAG_SHIFT)
         for v in cutlass.range_constexpr(cute.size(cA)):
             if cutlass.const_expr(cA[v][0] // 8 == h):
-                row_min = cutlass.select_(rArgMin[v] < row_min, rArgMin[v], row_min)
+                row_min = cutlass.select_((rArgMin[v] < row_min) | (rArgMin[v] != rArgMin[v]), rArgMin[v], row_min)
         for offset in (1, 2):  # the 4 lanes of a row hold its d's between them
             other = cute.arch.shuffle_sync_bfly(row_min, offset=offset)
-            row_min = cutlass.select_(other < row_min, other, row_min)
+            row_min = cutlass.select_((other < row_min) | (other != other), other, row_min)
         slow.append(cutlass.not_(row_min >= f32(DIAG_SHIFT - FAST_SPREAD)))  # a NaN exponent is slow too
         any_slow = any_slow | slow[h]
     if cute.arch.vote_any_sync(any_slow):

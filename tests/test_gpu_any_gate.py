@@ -6,7 +6,8 @@ element written and finite, fp64 accuracy and the exact structure, each output's
 safe_gate=False path's on the same inputs times docs/contract.md's factor, the fused kernel (every configuration
 it builds for the spec) bitwise equal to the standalone route, causal bits (appending tokens keeps earlier rows),
 the off-diagonal 16 x 16 blocks bit-identical to the safe path's (only the diagonal blocks change), and diagonal
-blocks whose rows lie on both sides of the fast spread (docs/numerics.md) right in each row.
+blocks whose rows lie on both sides of the fast spread (docs/numerics.md) right in each row, also when a single
+head-dim column decides it.
 """
 import pytest
 import torch
@@ -134,6 +135,22 @@ def test_rows_on_both_sides_of_the_fast_spread(seed):
         assert torch.isfinite(getattr(out, name)).all(), f"{name} has non-finite values"
     assert_fp64_accuracy_and_exact_structure(x, None, out, reference_of(x, None))
     assert torch.equal(out.Aqk.view(torch.int16), any_gate_standalone(x).Aqk.view(torch.int16))
+
+
+@pytest.mark.parametrize("column", range(8))
+def test_one_steep_column_makes_its_rows_slow(seed, column):
+    """Only head-dim column `column` drops (20 per token, log2); the others are flat (gate exactly 0). Rows 8-15 of
+    each diagonal block are slow because of that one column, which one lane of the row's four holds: the row's
+    minimum must gather all four lanes, or the lanes that miss it take the row as fast, where column `column`'s
+    factors overflow (NaN). The 8 columns cover every lane position of an MMA step."""
+    x = reference.make_inputs(2, 300, 3, device="cuda")
+    drop = torch.zeros_like(x["gk"])
+    drop[..., column] = -20.0
+    x["gk"] = reference.chunk_local_cumsum(drop, 64)
+    out = any_gate(x)
+    for name in OUTPUTS:
+        assert torch.isfinite(getattr(out, name)).all(), f"{name} has non-finite values"
+    assert_fp64_accuracy_and_exact_structure(x, None, out, reference_of(x, None))
 
 
 def test_only_the_diagonal_blocks_differ_from_the_safe_path(seed):
