@@ -30,7 +30,7 @@ fused_bf16_128() { precompile --only fused_forward --io bf16 --kv 128 "$@"; }  #
 cov() { precompile --gate safe "$@"; }  # the safe-gate coverage kernels (the any-gate ones are listed below)
 python benchmarks/fused_phases.py --export .gpu-cache/phases
 python benchmarks/fused_phases.py --export .gpu-cache/pany/head --gate any --only tile-w8.all tile-w8.loads+intra \
-  tile-w8.compute-only
+  tile-w8.compute-only tile.all
 # the padded head sizes' phase variants (h200_session.sh phasespad): K = 60 and 64 in the 4-warp tile (forward's
 # configuration there), K = 100 in tile-w8
 phase_variants() { printf "$1.%s " loads loads+intra loads+intra+inverse all compute-only; }
