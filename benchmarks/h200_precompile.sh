@@ -38,10 +38,10 @@ python benchmarks/fused_phases.py --export .gpu-cache/pad/k60 --kv 60 --only $(p
 python benchmarks/fused_phases.py --export .gpu-cache/pad/k64 --kv 64 --only $(phase_variants tile)
 python benchmarks/fused_phases.py --export .gpu-cache/pad/k100 --kv 100 --only $(phase_variants tile-w8)
 # COMPARE_BASE=<commit>: that commit's whole fused kernels beside this tree's (h200_session.sh compare), for a change
-# meant to keep the bits whose PTX differs; sets kvK-GATE of both 4- and 8-warp tiles
+# meant to keep the bits whose PTX differs; COMPARE_SETS lists the sets K-GATE (both 4- and 8-warp tiles each)
 if [[ -n "${COMPARE_BASE:-}" ]]; then
   base_tree=$(mktemp -d) && git worktree add -f --detach "$base_tree" "$COMPARE_BASE" >/dev/null
-  for kv_gate in 128-safe 128-any 100-safe 100-any 60-safe; do
+  for kv_gate in ${COMPARE_SETS:-128-safe 128-any 100-safe 100-any 60-safe}; do
     for tree in "base $base_tree" "head ."; do
       read -r side path <<< "$tree"
       python benchmarks/other_tree.py "$path" benchmarks/fused_phases.py \
