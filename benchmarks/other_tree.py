@@ -26,6 +26,9 @@ def import_tree(tree: str) -> None:
                                                       submodule_search_locations=[path])
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
+        parent, _, child = name.rpartition(".")
+        if parent:  # what the import system does for a submodule it loads itself
+            setattr(sys.modules[parent], child, module)
         spec.loader.exec_module(module)
 
 
