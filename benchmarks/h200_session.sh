@@ -120,14 +120,16 @@ run_stage() {
           --kv "${kv_gate%-*}" --gate "${kv_gate#*-}"
       done ;;
     extra)  # experiments' objects under the tarball's extra/EXP/ (exported from other trees with other_tree.py):
-      # EXP/phases/ (safe gate, K = 128) timed with fused_phases, EXP/compare/main/kvK-GATE/ against
-      # EXP/compare/EXP/kvK-GATE/ bit for bit (compare_objects.py)
+      # EXP/phases/ (safe gate, K = 128) and EXP/phases-kvK/ (head size K) timed with fused_phases,
+      # EXP/compare/main/kvK-GATE/ against EXP/compare/EXP/kvK-GATE/ bit for bit (compare_objects.py)
       for exp_dir in /tmp/precompiled/extra/*/; do
         exp=$(basename "$exp_dir")
-        if [[ -d "$exp_dir/phases" ]]; then
-          stage "extra_${exp}_phases" 120 python3 benchmarks/fused_phases.py --objects "$exp_dir/phases" \
-            --only $(cd "$exp_dir/phases" && ls *.o | sed 's/\.o$//')
-        fi
+        for phases_dir in "$exp_dir"phases*/; do
+          [[ -d "$phases_dir" ]] || continue
+          name=$(basename "$phases_dir"); kv=${name#phases}; kv=${kv#-kv}
+          stage "extra_${exp}_$name" 120 python3 benchmarks/fused_phases.py --objects "$phases_dir" \
+            --kv "${kv:-128}" --only $(cd "$phases_dir" && ls *.o | sed 's/\.o$//')
+        done
         for set_dir in "$exp_dir"compare/main/kv*/; do
           [[ -d "$set_dir" ]] || continue
           name=$(basename "$set_dir"); kv_gate=${name#kv}
