@@ -70,12 +70,12 @@ for qg_config in "on --config $persistent_c1" "off --config $tile_w8"; do
     "$config"
   precompile_chunk 32 --io fp16 --beta fp16 --kv 64 --varlen dense,cu32 --qg "$qg" --config ref "$flag" "$config"
 done
-# ... and its padded head sizes (K = 60, 100; K != V: 100 x 60, 100 x 128, 64 x 60), the same configurations;
-# the coverage bench's K = 60 / 100 rows are bf16 dense without QG
+# ... and its padded head sizes (K = 60, 100; K != V: 100 x 60, 100 x 128, 64 x 60, 4 x 252, 252 x 4), the same
+# configurations; the coverage bench's K = 60 / 100 rows are bf16 dense without QG
 for qg_config in "on --config $persistent_c1" "off --config $tile_w8"; do
   read -r qg flag config <<< "$qg_config"
-  cov --io bf16 --beta bf16 --kv 60,100x60,100,100x128,64x60 --varlen dense,cu32 --qg "$qg" --config ref "$flag" \
-    "$config"
+  cov --io bf16 --beta bf16 --kv 60,100x60,100,100x128,64x60,4x252,252x4 --varlen dense,cu32 --qg "$qg" --config ref \
+    "$flag" "$config"
   cov --io fp16 --beta fp16 --kv 100 --varlen dense,cu32 --qg "$qg" --config ref "$flag" "$config"
 done
 # the K = 60 / 100 bench rows in head-raster persistent configurations (adjacent heads' rows share 32-byte sectors)

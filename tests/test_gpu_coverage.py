@@ -27,10 +27,12 @@ pytestmark = [pytest.mark.gpu,
 # (io dtype, K, V); the reference specialization (bf16, 128, 128) is tested everywhere else. The K != V pairs
 # put the smaller head on each side once, and 64 against 256 (v's rows and k's rows furthest apart); the padded
 # sizes come as K = V and as K != V pairs whose tiles differ (100 with 60) or agree (100 with 128, 64 with 60: the
-# 8-warp kernel's single product code must still use W's and U's own layouts).
+# 8-warp kernel's single product code must still use W's and U's own layouts), and at the ends of the range (4 with
+# 252: a row shorter than one 8-column tile; 252 with 4).
 CASES = [("fp16", 128, 128), ("bf16", 64, 64), ("bf16", 256, 256), ("fp16", 64, 64), ("fp16", 256, 256),
          ("bf16", 64, 128), ("bf16", 128, 64), ("fp16", 256, 64), ("bf16", 64, 256),
-         ("bf16", 60, 60), ("fp16", 100, 100), ("bf16", 100, 60), ("bf16", 100, 128), ("bf16", 64, 60)]
+         ("bf16", 60, 60), ("fp16", 100, 100), ("bf16", 100, 60), ("bf16", 100, 128), ("bf16", 64, 60),
+         ("bf16", 4, 252), ("bf16", 252, 4)]
 CASE_IDS = [f"{io}-K{K}" + (f"-V{V}" if V != K else "") for io, K, V in CASES]
 # A persistent configuration every case can build (one CTA per SM fits K = 256).
 PERSISTENT = FusedConfig(True, 1, "head", 1)
