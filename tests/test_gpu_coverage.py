@@ -34,6 +34,9 @@ CASES = [("fp16", 128, 128), ("bf16", 64, 64), ("bf16", 256, 256), ("fp16", 64, 
          ("bf16", 60, 60), ("fp16", 100, 100), ("bf16", 100, 60), ("bf16", 100, 128), ("bf16", 64, 60),
          ("bf16", 4, 252), ("bf16", 252, 4)]
 CASE_IDS = [f"{io}-K{K}" + (f"-V{V}" if V != K else "") for io, K, V in CASES]
+# The FLA comparison runs on head sizes FLA's own tests use (16 and up); K = 4 is checked against fp64 only.
+FLA_CASES = [case for case in CASES if min(case[1:]) >= 16]
+FLA_CASE_IDS = [name for case, name in zip(CASES, CASE_IDS) if case in FLA_CASES]
 # A persistent configuration every case can build (one CTA per SM fits K = 256).
 PERSISTENT = FusedConfig(True, 1, "head", 1)
 EIGHT_WARPS = FusedConfig(warps=8)  # forward's untuned configuration without QG (no QG build)
@@ -88,7 +91,7 @@ def test_appending_tokens_keeps_earlier_rows(seed, io, K, V, offset):
 
 
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-@pytest.mark.parametrize("io, K, V", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("io, K, V", FLA_CASES, ids=FLA_CASE_IDS)
 def test_accuracy_within_contract_factor_of_fla(seed, io, K, V, varlen):
     fla_intra = fla_intra_or_skip()
     assert_within_fla_factor(fla_intra, *accuracy_case(io, varlen, io, K, V), what=f"{io} K={K} V={V}:")
