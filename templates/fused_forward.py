@@ -25,8 +25,8 @@ replaced by zero with a select or never stored, exactly as in the standalone ker
 With 8 warps (`FusedConfig.warps`, no QG, loads_ahead 0; `two_group_tile`) the same phases run on two
 groups of 4 warps: the intra blocks are spread over all 8 warps (tile_intra.WARP_GROUPS_8), and group 1
 (warps 4-7), whose diagonal blocks are the shorter, then issues its v loads and computes KG while group 0
-finishes (on the any-gate path, where its exact diagonal blocks are the longer, KG waits until after its Kp and
-Vp); then group 0 (warps 0-3) runs phase 3 and stages the A tile while group 1 computes Kp and Vp,
+finishes (on the any-gate path, whose diagonal blocks take per-pair sums in the rows of steep gates, KG waits until
+after its Kp and Vp); then group 0 (warps 0-3) runs phase 3 and stages the A tile while group 1 computes Kp and Vp,
 writing Kp into q's buffer (q is consumed by then; the work region still holds L); then group 0 multiplies
 and stores W while group 1 multiplies and stores U. Each group synchronizes on its own named
 barrier; every element still comes from the same device function on the same operands.
@@ -362,8 +362,10 @@ class FusedForward:
         recompute = cutlass.const_expr("recompute" in self.phases)
         # On the safe-gate path group 1's intra blocks (the diagonal ones) are the shorter, and at chunk 32 it has
         # none: its v loads and KG (which reads only k and g) fill the wait for group 0's, off group 0's inverse
-        # path. On the any-gate path at chunk 64 its exact diagonal blocks are the longer ones, so KG follows its Kp
-        # and Vp instead (H200, 2026-12-04: 1.292 against 1.323 ms with EXACT_UNROLL 2; docs/performance.md).
+        # path. On the any-gate path at chunk 64 its diagonal blocks were the longer ones when every row took the
+        # per-pair sums, so KG follows its Kp and Vp there (H200, 2026-12-04: 1.292 against 1.323 ms with
+        # EXACT_UNROLL 2; docs/performance.md). Since the fast rows that holds for steep gates only: branch
+        # exp/any-kg-early, to be timed.
         kg_early = cutlass.const_expr(self.safe_gate or C == 32)
         dKG = chunk_rows(mKG, batch, head, row0, C)
         if cutlass.const_expr(recompute):

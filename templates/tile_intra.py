@@ -285,7 +285,7 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
             refB = refB - cutlass.Float32(DIAG_SHIFT)
         argA = tAsG[None, None, kk].load() - refA
         if cutlass.const_expr(exact):
-            rArgMin.store(cute.where((argA < rArgMin.load()) | (argA != argA), argA, rArgMin.load()))  # NaN sticks
+            rArgMin.store(sticky_min(argA, rArgMin.load(), cute.where))
         gateA = cute.math.exp2(argA, fastmath=True)
         rQA.store(tAsQ[None, None, kk].load().to(cutlass.Float32) * gateA)
         rKA.store(tAsK[None, None, kk].load().to(cutlass.Float32) * gateA)
@@ -336,6 +336,12 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
                 store_block(thr_mma, rLZero, dL, cC, valid_rows, a, b)
 
 
+def sticky_min(x, m, select=cutlass.select_):
+    """min(x, m) in which a NaN x wins and a NaN m stays (scalars, or TensorSSA values with `select=cute.where`): a
+    NaN exponent makes its row slow (`exact_rows`)."""
+    return select((x < m) | (x != x), x, m)
+
+
 @cute.jit
 def exact_rows(sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor, a: cutlass.Int32, tiled_mma: cute.TiledMma,
                cC: cute.Tensor, rArgMin: cute.Tensor, accQK: cute.Tensor, accKK: cute.Tensor,
@@ -354,10 +360,9 @@ def exact_rows(sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor, a: cutlass.Int
         row_min = f32(DIAG_SHIFT)
         for v in cutlass.range_constexpr(cute.size(cA)):
             if cutlass.const_expr(cA[v][0] // 8 == h):
-                row_min = cutlass.select_((rArgMin[v] < row_min) | (rArgMin[v] != rArgMin[v]), rArgMin[v], row_min)
+                row_min = sticky_min(rArgMin[v], row_min)
         for offset in (1, 2):  # the 4 lanes of a row hold its d's between them
-            other = cute.arch.shuffle_sync_bfly(row_min, offset=offset)
-            row_min = cutlass.select_((other < row_min) | (other != other), other, row_min)
+            row_min = sticky_min(cute.arch.shuffle_sync_bfly(row_min, offset=offset), row_min)
         slow.append(cutlass.not_(row_min >= f32(DIAG_SHIFT - FAST_SPREAD)))  # a NaN exponent is slow too
         any_slow = any_slow | slow[h]
     if cute.arch.vote_any_sync(any_slow):
