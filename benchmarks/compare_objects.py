@@ -24,17 +24,15 @@ def run_object(path: str, kv: int, any_gate: bool):
     import torch
 
     from kdajit import api, compiler, reference
-    from kdajit.keys import FusedForwardKey
 
     B, T, H = 2, 1000, 8
     gen = torch.Generator().manual_seed(0)
     x = reference.make_inputs(B, T, H, kv, kv, beta_dtype=torch.bfloat16, device="cuda", generator=gen,
                               gate_scale=10.0 if any_gate else None, gate_zeros=0.25 if any_gate else 0.0)
     outs = [torch.full((B, T, H, d), float("nan"), dtype=torch.bfloat16, device="cuda") for d in (64, 64, kv, kv, kv)]
-    fn = compiler.load_object(path)
-    api._launch(fn, FusedForwardKey, **{n: x[n] for n in ("q", "k", "v", "gk", "beta")},
-                **dict(zip(OUTPUTS, outs)), qg=torch.zeros(1, 1, 1, kv, dtype=torch.bfloat16, device="cuda"),
-                cu_seqlens=torch.zeros(1, dtype=torch.int32, device="cuda"), scale=kv ** -0.5, max_ctas=1)
+    kernels = api._Kernels(None, None, None, compiler.load_object(path), 1)  # tile configurations: no grid bound
+    api._run_fused(x["q"], x["k"], x["v"], x["gk"], x["beta"], kv ** -0.5, api._cu_seqlens_arg(None, x["q"].device),
+                   kernels, *outs, None)
     torch.cuda.synchronize()
     return outs
 
