@@ -61,6 +61,15 @@ stage() {  # stage NAME SECONDS CMD...: run CMD with a time limit, log to $out/N
   echo "== $name: rc=$rc in $((SECONDS - t0)) s"; tail -n 25 "$out/$name.log"
   [[ $rc -eq 0 ]] || status=$rc
 }
+compare_sets() {  # compare_sets BASE_DIR OTHER_DIR PREFIX: compare_objects.py on every kvK-GATE set of BASE_DIR
+  local set_dir name kv_gate
+  for set_dir in "$1"/kv*/; do
+    [[ -d "$set_dir" ]] || continue
+    name=$(basename "$set_dir"); kv_gate=${name#kv}
+    stage "$3_$name" 120 python3 benchmarks/compare_objects.py "$set_dir" "$2/$name" --kv "${kv_gate%-*}" \
+      --gate "${kv_gate#*-}"
+  done
+}
 run_stage() {
   local what=$1
   case "$what" in
@@ -114,11 +123,7 @@ run_stage() {
           --only $(cd "$dir" && ls *.o | sed 's/\.o$//')
       done ;;
     compare)  # COMPARE_BASE's whole fused kernels against this tree's, bit for bit (h200_precompile.sh)
-      for dir in /tmp/precompiled/compare/head/kv*/; do
-        name=$(basename "$dir"); kv_gate=${name#kv}
-        stage "compare_$name" 120 python3 benchmarks/compare_objects.py "/tmp/precompiled/compare/base/$name" "$dir" \
-          --kv "${kv_gate%-*}" --gate "${kv_gate#*-}"
-      done ;;
+      compare_sets /tmp/precompiled/compare/base /tmp/precompiled/compare/head compare ;;
     extra)  # experiments' objects under the tarball's extra/EXP/ (exported from other trees with other_tree.py):
       # EXP/phases/ (safe gate, K = 128) and EXP/phases-kvK/ (head size K) timed with fused_phases,
       # EXP/compare/main/kvK-GATE/ against EXP/compare/EXP/kvK-GATE/ bit for bit (compare_objects.py)
@@ -130,12 +135,7 @@ run_stage() {
           stage "extra_${exp}_$name" 120 python3 benchmarks/fused_phases.py --objects "$phases_dir" \
             --kv "${kv:-128}" --only $(cd "$phases_dir" && ls *.o | sed 's/\.o$//')
         done
-        for set_dir in "$exp_dir"compare/main/kv*/; do
-          [[ -d "$set_dir" ]] || continue
-          name=$(basename "$set_dir"); kv_gate=${name#kv}
-          stage "extra_${exp}_compare_$name" 120 python3 benchmarks/compare_objects.py "$set_dir" \
-            "$exp_dir/compare/$exp/$name" --kv "${kv_gate%-*}" --gate "${kv_gate#*-}"
-        done
+        compare_sets "${exp_dir}compare/main" "${exp_dir}compare/$exp" "extra_${exp}_compare"
       done ;;
     dslfree)  # a cached fused kernel linked into a shared library and run through TVM-FFI alone (no DSL import)
       stage dslfree 90 python3 benchmarks/dsl_free_load.py --json "$out/dsl_free.json" ;;
