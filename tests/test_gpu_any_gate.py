@@ -57,10 +57,16 @@ def reference_of(x, cu):
 @pytest.mark.parametrize("gate", GATES, ids=GATE_IDS)
 def test_accuracy_against_fp64_and_exact_structure(seed, gate, varlen):
     x, cu = gate_inputs(gate, varlen)
+    assert_finite_and_accurate(x, cu)
+
+
+def assert_finite_and_accurate(x, cu=None):
+    """forward(safe_gate=False) on x: every output finite, fp64 accuracy, the exact structure. Returns the outputs."""
     out = any_gate(x, cu)
     for name in OUTPUTS:
         assert torch.isfinite(getattr(out, name)).all(), f"{name} has non-finite values"
     assert_fp64_accuracy_and_exact_structure(x, cu, out, reference_of(x, cu))
+    return out
 
 
 def fla_any_gate_errors(fla_intra, x, ref, cu):
@@ -130,10 +136,7 @@ def test_rows_on_both_sides_of_the_fast_spread(seed):
     10-15 overflow (NaN), so a row given the wrong kind is not finite."""
     x = reference.make_inputs(2, 300, 3, device="cuda")
     x["gk"] = reference.chunk_local_cumsum(torch.full_like(x["gk"], -20.0), 64)
-    out = any_gate(x)
-    for name in OUTPUTS:
-        assert torch.isfinite(getattr(out, name)).all(), f"{name} has non-finite values"
-    assert_fp64_accuracy_and_exact_structure(x, None, out, reference_of(x, None))
+    out = assert_finite_and_accurate(x)
     assert torch.equal(out.Aqk.view(torch.int16), any_gate_standalone(x).Aqk.view(torch.int16))
 
 
@@ -147,10 +150,7 @@ def test_one_steep_column_makes_its_rows_slow(seed, column):
     drop = torch.zeros_like(x["gk"])
     drop[..., column] = -20.0
     x["gk"] = reference.chunk_local_cumsum(drop, 64)
-    out = any_gate(x)
-    for name in OUTPUTS:
-        assert torch.isfinite(getattr(out, name)).all(), f"{name} has non-finite values"
-    assert_fp64_accuracy_and_exact_structure(x, None, out, reference_of(x, None))
+    assert_finite_and_accurate(x)
 
 
 def test_only_the_diagonal_blocks_differ_from_the_safe_path(seed):
