@@ -4,9 +4,10 @@
 
 DIR_A and DIR_B hold objects written by `benchmarks/fused_phases.py --export` (e.g. one from an earlier commit's
 tree through `benchmarks/other_tree.py`, one from this tree); every `CONFIG.all.o` (the whole kernel) present in
-both is launched on the same random inputs (B=2, T=1000 with a ragged last chunk, H=8; safe gates, or with
-`--gate any` FLA's logsigmoid x 10 gates, a quarter of them exactly 0), each into outputs poisoned with NaN, and
-every output is compared bit for bit. For a change meant to keep the bits (docs/numerics.md) whose PTX differs, so
+both is launched on the same random inputs of each of SHAPES (B=2, T=1000 with a ragged last chunk, H=8; and
+B=1, T=50, H=1: a tile smaller than a chunk in rows and a single head; safe gates, or with `--gate any` FLA's
+logsigmoid x 10 gates, a quarter of them exactly 0), each into outputs poisoned with NaN, and every output is
+compared bit for bit. For a change meant to keep the bits (docs/numerics.md) whose PTX differs, so
 that comparing PTX on the CPU cannot settle it. Exit status 1 if any output differs.
 """
 from __future__ import annotations
@@ -17,15 +18,16 @@ import os
 import sys
 
 OUTPUTS = ("Aqk", "Akk", "w", "u", "kg")
+SHAPES = ((2, 1000, 8), (1, 50, 1))  # (B, T, H)
 
 
-def run_object(path: str, kv: int, any_gate: bool):
-    """The five outputs of one exported fused kernel (bf16, no QG, chunk 64) on seed-0 inputs."""
+def run_object(path: str, kv: int, any_gate: bool, shape: tuple[int, int, int]):
+    """The five outputs of one exported fused kernel (bf16, no QG, chunk 64) on seed-0 inputs of `shape`."""
     import torch
 
     from kdajit import api, compiler, reference
 
-    B, T, H = 2, 1000, 8
+    B, T, H = shape
     gen = torch.Generator().manual_seed(0)
     x = reference.make_inputs(B, T, H, kv, kv, beta_dtype=torch.bfloat16, device="cuda", generator=gen,
                               gate_scale=10.0 if any_gate else None, gate_zeros=0.25 if any_gate else 0.0)
@@ -51,15 +53,18 @@ def main(argv=None) -> int:
     if not names:
         raise SystemExit(f"no CONFIG.all.o in both {args.dir_a} and {args.dir_b}")
     differs = False
-    print("| object | " + " | ".join(OUTPUTS) + " |\n|---|" + "---|" * len(OUTPUTS))
+    print("| object | B, T, H | " + " | ".join(OUTPUTS) + " |\n|---|---|" + "---|" * len(OUTPUTS))
     for name in names:
-        a, b = (run_object(os.path.join(d, name), args.kv, args.gate == "any") for d in (args.dir_a, args.dir_b))
-        cells = []
-        for x, y in zip(a, b):
-            same = torch.equal(x.view(torch.int16), y.view(torch.int16))
-            differs |= not same
-            cells.append("same bits" if same else f"DIFFERENT ({(x.view(torch.int16) != y.view(torch.int16)).sum()})")
-        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+        for shape in SHAPES:
+            a, b = (run_object(os.path.join(d, name), args.kv, args.gate == "any", shape)
+                    for d in (args.dir_a, args.dir_b))
+            cells = []
+            for x, y in zip(a, b):
+                same = torch.equal(x.view(torch.int16), y.view(torch.int16))
+                differs |= not same
+                cells.append("same bits" if same else
+                             f"DIFFERENT ({(x.view(torch.int16) != y.view(torch.int16)).sum()})")
+            print(f"| {name} | {shape} | " + " | ".join(cells) + " |", flush=True)
     return 1 if differs else 0
 
 
