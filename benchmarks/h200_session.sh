@@ -10,7 +10,7 @@
 # (the coverage rows, tile configurations), phases (fused_phases, objects from the
 # tarball), phasespad (the K = 60 / 64 / 100 phase variants), compare (COMPARE_BASE's fused kernels against this
 # tree's, bit for bit; benchmarks/compare_objects.py), extra (experiments' objects from other trees under
-# .gpu-cache/extra/: phases and bit comparisons), phasesany (fused_phases --gate any on each object directory
+# .gpu-cache/extra/: phases and bit comparisons; EXTRA_EXPS names some of them, in order), phasesany (fused_phases --gate any on each object directory
 # under the tarball's pany/), dslfree
 # (benchmarks/dsl_free_load.py), host (bench_host), tune (kdajit tune at the two
 # tuning-evidence shapes), fla (FLA-backend GPU tests and bench), flabench (bench_fla_backend alone),
@@ -127,8 +127,8 @@ run_stage() {
     extra)  # experiments' objects under the tarball's extra/EXP/ (exported from other trees with other_tree.py):
       # EXP/phases/ (safe gate, K = 128) and EXP/phases-kvK/ (head size K) timed with fused_phases,
       # EXP/compare/main/kvK-GATE/ against EXP/compare/EXP/kvK-GATE/ bit for bit (compare_objects.py)
-      for exp_dir in /tmp/precompiled/extra/*/; do
-        exp=$(basename "$exp_dir")
+      for exp in ${EXTRA_EXPS:-$(ls /tmp/precompiled/extra)}; do
+        exp_dir=/tmp/precompiled/extra/$exp/
         for phases_dir in "$exp_dir"phases*/; do
           [[ -d "$phases_dir" ]] || continue
           name=$(basename "$phases_dir"); kv=${name#phases}; kv=${kv#-kv}
