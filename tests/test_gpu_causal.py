@@ -9,9 +9,10 @@ either side of every 8- and 16-row boundary inside a chunk (1, 7, 8, 9, 15, 16, 
 import pytest
 import torch
 
+import kdajit
 from kdajit import reference
 from kdajit.outputs import BETA_TORCH_DTYPES as BETA
-from test_gpu_forward import INPUTS, run, seed  # noqa: F401  (seed is a fixture)
+from test_gpu_forward import INPUTS, poisoned_out, run, seed  # noqa: F401  (seed is a fixture)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -96,3 +97,52 @@ def test_later_inputs_do_not_change_earlier_rows(seed, name, offset):
     assert not torch.equal(x[name], y[name])
     assert_rows_equal(run(x), run(y), slice(0, offset), slice(0, offset), 0,
                       f"{name} of tokens >= {offset} changed")
+
+
+
+def poisoned(x: dict, index) -> dict:
+    """A copy of the inputs whose elements at `index` (of each [B, T, H(, D)] tensor) are NaN."""
+    y = {n: x[n].clone() for n in INPUTS}
+    for n in INPUTS:
+        y[n][index] = float("nan")
+    return y
+
+
+def route_outputs(x: dict, cu, output_qg: bool) -> list:
+    """`forward`'s outputs (Aqk, Akk, w, u, kg and qg with `output_qg`) and the standalone `intra`'s (Aqk, Akk),
+    each into NaN-poisoned buffers; NaN inputs make NaN outputs where they reach, so nothing asserts them written."""
+    B, T, H, K = x["gk"].shape
+    out = poisoned_out(B, T, H, K, x["v"].shape[-1], qg=output_qg)
+    res = kdajit.forward(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=output_qg, out=out)
+    Aqk, Akk = kdajit.intra(x["q"], x["k"], x["gk"], x["beta"], cu_seqlens=cu)
+    torch.cuda.synchronize()
+    return [t for t in res if t is not None] + [Aqk, Akk]
+
+
+@pytest.mark.parametrize("output_qg", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_a_nan_sequence_does_not_reach_the_one_before(seed, head_dim, output_qg):
+    """The kernels may load a whole chunk of rows, past a sequence's end into the next one's (TMA loads do): those
+    rows must reach no output of the sequence before, whatever they hold."""
+    lengths = (100, 50)  # the first sequence ends 36 rows into its second chunk
+    cu = torch.tensor([0, lengths[0], sum(lengths)], dtype=torch.int32, device="cuda")
+    x = reference.make_inputs(1, sum(lengths), 4, head_dim, head_dim, cu_seqlens=cu, device="cuda")
+    y = poisoned(x, (slice(None), slice(lengths[0], None)))
+    for i, (a, b) in enumerate(zip(route_outputs(x, cu, output_qg), route_outputs(y, cu, output_qg))):
+        a, b = a[:, :lengths[0]], b[:, :lengths[0]]
+        assert not torch.isnan(a).any(), f"output {i}"
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"output {i} of the sequence before NaN tokens"
+
+
+@pytest.mark.parametrize("output_qg", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_a_nan_head_does_not_reach_its_neighbours(seed, head_dim, output_qg):
+    """Each head reads only its own columns (TMA boxes also read the next head's first columns, into the shared
+    row pad that nothing reads); T = 50 is shorter than a chunk."""
+    x = reference.make_inputs(2, 50, 4, head_dim, head_dim, device="cuda")
+    y = poisoned(x, (slice(None), slice(None), 2))
+    for i, (a, b) in enumerate(zip(route_outputs(x, None, output_qg), route_outputs(y, None, output_qg))):
+        for head in (0, 1, 3):
+            assert not torch.isnan(a[:, :, head]).any(), f"output {i}, head {head}"
+            assert torch.equal(a[:, :, head].view(torch.int16), b[:, :, head].view(torch.int16)), \
+                f"output {i}, head {head}, beside a NaN head"
