@@ -38,6 +38,14 @@ if [[ -f .gpu-cache/cpu.tar.xz ]]; then
   mkdir -p /tmp/precompiled && tar -C /tmp/precompiled -xJf .gpu-cache/cpu.tar.xz
   cp -a /tmp/precompiled/cpu "$KDAJIT_CACHE_DIR"
   export KDAJIT_TEST_CPU_CACHE=/tmp/precompiled/cpu
+  # A tarball precompiled from other templates (another branch's) holds no kernel of this checkout: say so loudly,
+  # since every stage would then compile its kernels here and may run out of time.
+  toolchain=$(python3 -c 'from kdajit import cache_toolchain as c; print("tc-" + c.toolchain_fingerprint())')
+  if [[ ! -d /tmp/precompiled/cpu/v1/sm_90a/$toolchain ]]; then
+    echo "WARNING: .gpu-cache/cpu.tar.xz has no kernels of this checkout's toolchain $toolchain (it has" \
+      "$(ls /tmp/precompiled/cpu/v1/sm_90a 2>/dev/null | tr '\n' ' ')): every kernel compiles here" \
+      | tee "$out/toolchain_mismatch.txt"
+  fi
 fi
 # FLA's Triton kernels (the FLA stages) compile and autotune for minutes in this sandbox. Their autotuning
 # results (*.autotune.json), saved by an earlier call ($OUT/triton.tar.xz, copied to .gpu-cache/triton.tar.xz
