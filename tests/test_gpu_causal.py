@@ -108,41 +108,54 @@ def poisoned(x: dict, index) -> dict:
     return y
 
 
-def route_outputs(x: dict, cu, output_qg: bool) -> list:
-    """`forward`'s outputs (Aqk, Akk, w, u, kg and qg with `output_qg`) and the standalone `intra`'s (Aqk, Akk),
-    each into NaN-poisoned buffers; NaN inputs make NaN outputs where they reach, so nothing asserts them written."""
+
+def route_outputs(x: dict, cu, output_qg: bool, safe_gate: bool = True) -> list:
+    """`forward`'s outputs (Aqk, Akk, w, u, kg and qg with `output_qg`) and the standalone `intra`'s (Aqk, Akk), each
+    into NaN-poisoned buffers; NaN inputs make NaN outputs where they reach, so nothing asserts them all written."""
     B, T, H, K = x["gk"].shape
     out = poisoned_out(B, T, H, K, x["v"].shape[-1], qg=output_qg)
-    res = kdajit.forward(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=output_qg, out=out)
-    Aqk, Akk = kdajit.intra(x["q"], x["k"], x["gk"], x["beta"], cu_seqlens=cu)
+    res = kdajit.forward(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu_seqlens=cu, output_qg=output_qg,
+                         safe_gate=safe_gate, out=out)
+    intra_out = poisoned_out(B, T, H, K, x["v"].shape[-1], qg=False)
+    Aqk, Akk = kdajit.intra(x["q"], x["k"], x["gk"], x["beta"], cu_seqlens=cu, safe_gate=safe_gate, out=intra_out)
     torch.cuda.synchronize()
     return [t for t in res if t is not None] + [Aqk, Akk]
 
 
+def assert_same_where(clean: list, dirty: list, index, what: str) -> None:
+    """Every output of the clean run is finite at `index` and bit-identical to the dirty run's there."""
+    for i, (a, b) in enumerate(zip(clean, dirty)):
+        a, b = a[index], b[index]
+        assert not torch.isnan(a).any(), f"output {i} at {what}: not written"
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"output {i} at {what}: reached by NaN inputs"
+
+
+# (head size, gate path): the any-gate kernels are precompiled at K = 128 only
+ISOLATION_CASES = [(64, True), (128, True), (128, False)]
+
+
 @pytest.mark.parametrize("output_qg", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_a_nan_sequence_does_not_reach_the_one_before(seed, head_dim, output_qg):
+@pytest.mark.parametrize("head_dim, safe_gate", ISOLATION_CASES)
+def test_a_nan_sequence_does_not_reach_the_one_before(seed, head_dim, safe_gate, output_qg):
     """The kernels may load a whole chunk of rows, past a sequence's end into the next one's (TMA loads do): those
     rows must reach no output of the sequence before, whatever they hold."""
     lengths = (100, 50)  # the first sequence ends 36 rows into its second chunk
     cu = torch.tensor([0, lengths[0], sum(lengths)], dtype=torch.int32, device="cuda")
     x = reference.make_inputs(1, sum(lengths), 4, head_dim, head_dim, cu_seqlens=cu, device="cuda")
     y = poisoned(x, (slice(None), slice(lengths[0], None)))
-    for i, (a, b) in enumerate(zip(route_outputs(x, cu, output_qg), route_outputs(y, cu, output_qg))):
-        a, b = a[:, :lengths[0]], b[:, :lengths[0]]
-        assert not torch.isnan(a).any(), f"output {i}"
-        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"output {i} of the sequence before NaN tokens"
+    assert_same_where(route_outputs(x, cu, output_qg, safe_gate), route_outputs(y, cu, output_qg, safe_gate),
+                      (slice(None), slice(0, lengths[0])), "the sequence before NaN tokens")
 
 
 @pytest.mark.parametrize("output_qg", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_a_nan_head_does_not_reach_its_neighbours(seed, head_dim, output_qg):
-    """Each head reads only its own columns (TMA boxes also read the next head's first columns, into the shared
-    row pad that nothing reads); T = 50 is shorter than a chunk."""
+@pytest.mark.parametrize("head_dim, safe_gate", ISOLATION_CASES)
+def test_a_nan_head_or_batch_does_not_reach_the_others(seed, head_dim, safe_gate, output_qg):
+    """Each head reads only its own columns (TMA boxes also read the next head's first columns, into the shared row
+    pad that nothing reads) and each batch row only its own tokens; T = 50 is shorter than a chunk."""
     x = reference.make_inputs(2, 50, 4, head_dim, head_dim, device="cuda")
-    y = poisoned(x, (slice(None), slice(None), 2))
-    for i, (a, b) in enumerate(zip(route_outputs(x, None, output_qg), route_outputs(y, None, output_qg))):
-        for head in (0, 1, 3):
-            assert not torch.isnan(a[:, :, head]).any(), f"output {i}, head {head}"
-            assert torch.equal(a[:, :, head].view(torch.int16), b[:, :, head].view(torch.int16)), \
-                f"output {i}, head {head}, beside a NaN head"
+    clean = route_outputs(x, None, output_qg, safe_gate)
+    for head in (0, 1, 3):
+        assert_same_where(clean, route_outputs(poisoned(x, (slice(None), slice(None), 2)), None, output_qg, safe_gate),
+                          (slice(None), slice(None), head), f"head {head} beside a NaN head 2")
+    assert_same_where(clean, route_outputs(poisoned(x, (1,)), None, output_qg, safe_gate), (0,),
+                      "batch 0 before a NaN batch 1")
