@@ -66,6 +66,9 @@ def export(directory: str, chunk: int, only: list[str] | None, safe_gate: bool, 
     os.makedirs(directory, exist_ok=True)
     for config_name, name in selected(only):
         key, kernel = variant_kernel(config_name, VARIANTS[name], chunk, safe_gate, kv)
+        if not kernel.can_implement(key):  # e.g. a persistent configuration at a size whose CTAs do not fit
+            print(f"{config_name} {name}: not buildable at this size, skipped", flush=True)
+            continue
         compiled = compiler.compile_template(kernel, key.arch)
         compiler.export_object(compiled, os.path.join(directory, f"{config_name}.{name}.o"))
         print(f"{config_name} {name}: compiled in {compiled.kdajit_compile_s:.1f} s", flush=True)

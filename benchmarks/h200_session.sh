@@ -41,7 +41,7 @@ if [[ -f .gpu-cache/cpu.tar.xz ]]; then
   # A tarball precompiled from other templates (another branch's) holds no kernel of this checkout: say so loudly,
   # since every stage would then compile its kernels here and may run out of time.
   toolchain=$(python3 -c 'from kdajit import cache_toolchain as c; print("tc-" + c.toolchain_fingerprint())')
-  if [[ ! -d /tmp/precompiled/cpu/v1/sm_90a/$toolchain ]]; then
+  if [[ -z "$toolchain" || ! -d /tmp/precompiled/cpu/v1/sm_90a/$toolchain ]]; then
     echo "WARNING: .gpu-cache/cpu.tar.xz has no kernels of this checkout's toolchain $toolchain (it has" \
       "$(ls /tmp/precompiled/cpu/v1/sm_90a 2>/dev/null | tr '\n' ' ')): every kernel compiles here" \
       | tee "$out/toolchain_mismatch.txt"
@@ -113,7 +113,8 @@ run_stage() {
       stage benchcov "${BENCH_LIMIT:-150}" python3 benchmarks/bench_forward.py --rows coverage --configs tile,tile-w8 \
         --json "$out/benchcov.json" ;;
     phases)
-      stage phases 240 python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases --json "$out/phases.json" ;;
+      stage phases 240 python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases --json "$out/phases.json" \
+        --only $(cd /tmp/precompiled/phases && ls *.o | sed 's/\.o$//') ;;
     phasesany)  # the any-gate variants of every object directory under the tarball's pany/ (h200_precompile.sh
       # exports this tree's as pany/head; an experiment adds its own beside it)
       for dir in /tmp/precompiled/pany/*/; do
@@ -137,6 +138,7 @@ run_stage() {
       # EXP/compare/main/kvK-GATE/ against EXP/compare/EXP/kvK-GATE/ bit for bit (compare_objects.py)
       for exp in ${EXTRA_EXPS:-$(ls /tmp/precompiled/extra)}; do
         exp_dir=/tmp/precompiled/extra/$exp/
+        [[ -d "$exp_dir" ]] || { echo "== extra: no $exp_dir in the tarball"; status=2; continue; }
         for phases_dir in "$exp_dir"phases*/; do
           [[ -d "$phases_dir" ]] || continue
           name=$(basename "$phases_dir"); kv=${name#phases}; kv=${kv#-kv}
