@@ -25,19 +25,16 @@ def run_object(path: str, kv: int, any_gate: bool, shape: tuple[int, int, int]):
     """The five outputs of one exported fused kernel (bf16, no QG, chunk 64) on seed-0 inputs of `shape`."""
     import torch
 
-    from fused_phases import CONFIGS
+    from fused_phases import config_of, max_ctas
     from kdajit import api, compiler, reference
-    from kdajit.keys import FusedConfig
 
     B, T, H = shape
     gen = torch.Generator().manual_seed(0)
     x = reference.make_inputs(B, T, H, kv, kv, beta_dtype=torch.bfloat16, device="cuda", generator=gen,
                               gate_scale=10.0 if any_gate else None, gate_zeros=0.25 if any_gate else 0.0)
     outs = [torch.full((B, T, H, d), float("nan"), dtype=torch.bfloat16, device="cuda") for d in (64, 64, kv, kv, kv)]
-    config = FusedConfig(**CONFIGS[os.path.basename(path).split(".")[0]])  # CONFIG.all.o
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    kernels = api._Kernels(None, None, None, compiler.load_object(path),
-                           sms * config.ctas_per_sm if config.persistent else 1)  # a persistent grid's bound
+    kernels = api._Kernels(None, None, None, compiler.load_object(path), max_ctas(config_of(path), sms))
     api._run_fused(x["q"], x["k"], x["v"], x["gk"], x["beta"], kv ** -0.5, api._cu_seqlens_arg(None, x["q"].device),
                    kernels, *outs, None)
     torch.cuda.synchronize()

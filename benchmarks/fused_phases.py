@@ -5,7 +5,8 @@
     ncu --profile-from-start off --clock-control none --set full -o OUT \
         python benchmarks/fused_phases.py --objects DIR --only tile-w8.all --profile    # one launch, under ncu
 
-`--only CONFIG.VARIANT ...` restricts export, timing and profiling to those variants.
+`--only CONFIG.VARIANT ...` restricts export, timing and profiling to those variants; without it, `--objects DIR`
+times the variants DIR holds.
 
 Each variant is the fused kernel (templates/fused_forward.py) of one configuration with a subset of
 its phases: loads (q, k, g cp.async, v, beta), intra (Aqk, L), inverse (Akk), recompute (KG, W, U).
@@ -48,11 +49,29 @@ def variant_kernel(config_name: str, phases: tuple[str, ...], chunk: int, safe_g
     return key, kernel
 
 
-def selected(only: list[str] | None) -> list[tuple[str, str]]:
-    """(config, variant) pairs to run: all, or those named CONFIG.VARIANT in `only`."""
+def object_name(config_name: str, variant: str) -> str:
+    """The file a variant is exported to and loaded from."""
+    return f"{config_name}.{variant}.o"
+
+
+def config_of(path: str):
+    """The FusedConfig of an exported variant's file (`object_name`)."""
+    from kdajit.keys import FusedConfig
+
+    return FusedConfig(**CONFIGS[os.path.basename(path).split(".")[0]])
+
+
+def max_ctas(config, sms: int) -> int:
+    """The grid bound a variant's launch passes: SMs x CTAs per SM for a persistent configuration (as `forward`)."""
+    return sms * config.ctas_per_sm if config.persistent else 1
+
+
+def selected(only: list[str] | None, objects: str | None = None) -> list[tuple[str, str]]:
+    """(config, variant) pairs to run: those named CONFIG.VARIANT in `only`, else those the directory `objects` holds,
+    else all."""
     pairs = [(config_name, name) for config_name in CONFIGS for name in VARIANTS]
     if not only:
-        return pairs
+        return [p for p in pairs if not objects or os.path.exists(os.path.join(objects, object_name(*p)))]
     unknown = sorted(set(only) - {f"{c}.{n}" for c, n in pairs})
     if unknown:
         raise SystemExit(f"--only: unknown variant(s) {unknown}; expected CONFIG.VARIANT with CONFIG in "
@@ -70,7 +89,7 @@ def export(directory: str, chunk: int, only: list[str] | None, safe_gate: bool, 
             print(f"{config_name} {name}: not buildable at this size, skipped", flush=True)
             continue
         compiled = compiler.compile_template(kernel, key.arch)
-        compiler.export_object(compiled, os.path.join(directory, f"{config_name}.{name}.o"))
+        compiler.export_object(compiled, os.path.join(directory, object_name(config_name, name)))
         print(f"{config_name} {name}: compiled in {compiled.kdajit_compile_s:.1f} s", flush=True)
 
 
@@ -94,18 +113,17 @@ def time_variants(objects: str | None, chunk: int, only: list[str] | None, profi
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     inputs = {n: x[n] for n in ("q", "k", "v", "gk", "beta")}
     results = []
-    for config_name, name in selected(only):
-        config = FusedConfig(**CONFIGS[config_name])
-        max_ctas = sms * config.ctas_per_sm if config.persistent else 1
+    for config_name, name in selected(only, objects):
+        grid_bound = max_ctas(FusedConfig(**CONFIGS[config_name]), sms)
         phases = VARIANTS[name]
         if objects:
-            fn = compiler.load_object(os.path.join(objects, f"{config_name}.{name}.o"))
+            fn = compiler.load_object(os.path.join(objects, object_name(config_name, name)))
         else:
             key, kernel = variant_kernel(config_name, phases, chunk, safe_gate, kv)
             fn = compiler.callable_of(compiler.compile_template(kernel, key.arch))
         call = lambda: api._launch(fn, FusedForwardKey, **inputs, Aqk=outs[0], Akk=outs[1], w=outs[2],
                                    u=outs[3], kg=outs[4], qg=qg, cu_seqlens=dummy,
-                                   scale=kv ** -0.5, max_ctas=max_ctas)
+                                   scale=kv ** -0.5, max_ctas=grid_bound)
         if profile:
             for _ in range(5):
                 call()

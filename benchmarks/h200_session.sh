@@ -113,23 +113,20 @@ run_stage() {
       stage benchcov "${BENCH_LIMIT:-150}" python3 benchmarks/bench_forward.py --rows coverage --configs tile,tile-w8 \
         --json "$out/benchcov.json" ;;
     phases)
-      stage phases 240 python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases --json "$out/phases.json" \
-        --only $(cd /tmp/precompiled/phases && ls *.o | sed 's/\.o$//') ;;
+      stage phases 240 python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases --json "$out/phases.json" ;;
     phasesany)  # the any-gate variants of every object directory under the tarball's pany/ (h200_precompile.sh
       # exports this tree's as pany/head; an experiment adds its own beside it)
       for dir in /tmp/precompiled/pany/*/; do
         name=$(basename "$dir")
         for scale in 1 10; do  # FLA's logsigmoid gates x 1 (every diagonal row fast) and x 10 (about half)
           stage "phasesany_${name}_x$scale" 120 python3 benchmarks/fused_phases.py --objects "$dir" --gate any \
-            --gate-scale $scale --only $(cd "$dir" && ls *.o | sed 's/\.o$//') \
-            --json "$out/phasesany_${name}_x$scale.json"
+            --gate-scale $scale --json "$out/phasesany_${name}_x$scale.json"
         done
       done ;;
     phasespad)  # the padded head sizes' phase variants from the tarball's pad/ (K = 60, 64: tile; K = 100: tile-w8)
       for dir in /tmp/precompiled/pad/k*/; do
         kv=$(basename "$dir"); kv=${kv#k}
-        stage "phasespad_k$kv" 120 python3 benchmarks/fused_phases.py --objects "$dir" --kv "$kv" \
-          --only $(cd "$dir" && ls *.o | sed 's/\.o$//')
+        stage "phasespad_k$kv" 120 python3 benchmarks/fused_phases.py --objects "$dir" --kv "$kv"
       done ;;
     compare)  # COMPARE_BASE's whole fused kernels against this tree's, bit for bit (h200_precompile.sh)
       compare_sets /tmp/precompiled/compare/base /tmp/precompiled/compare/head compare ;;
@@ -142,8 +139,7 @@ run_stage() {
         for phases_dir in "$exp_dir"phases*/; do
           [[ -d "$phases_dir" ]] || continue
           name=$(basename "$phases_dir"); kv=${name#phases}; kv=${kv#-kv}
-          stage "extra_${exp}_$name" 120 python3 benchmarks/fused_phases.py --objects "$phases_dir" \
-            --kv "${kv:-128}" --only $(cd "$phases_dir" && ls *.o | sed 's/\.o$//')
+          stage "extra_${exp}_$name" 120 python3 benchmarks/fused_phases.py --objects "$phases_dir" --kv "${kv:-128}"
         done
         compare_sets "${exp_dir}compare/main" "${exp_dir}compare/$exp" "extra_${exp}_compare"
       done ;;
