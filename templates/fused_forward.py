@@ -72,8 +72,8 @@ from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, LOADS_AHEAD, RAS
                          FusedForwardKey, head_dim_supported, padded_head_dim)
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
                                     make_struct, make_tf32_mma, qk_head, sync_group)
-from kdajit.templates.tile_intra import (beta_row, intra_tile, load_rows, warp_schedule, make_row_copy,
-                                         padded_pitch, padded_tile_layout)
+from kdajit.templates.tile_intra import (beta_row, bulk_bytes, bulk_load_rows, bulk_loadable, intra_tile, load_rows,
+                                         make_row_copy, padded_pitch, padded_tile_layout, warp_schedule)
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_elements, l_tile_layout,
                                            make_akk_store_copy, make_l_load_copy, store_akk_rows, x00_layout,
                                            zero_rows_from)
@@ -98,9 +98,9 @@ SMEM_CARVEOUT_MAX = 100        # percent: all of the unified L1 / shared array a
 TILE_CTAS_PER_SM = {4: 3, 8: 2}
 
 
-def fused_smem_struct(chunk: int, head_k: int, head_v: int, io):
+def fused_smem_struct(chunk: int, head_k: int, head_v: int, io, bulk: bool = False):
     """(Smem, InverseWork, RecomputeWork): the fused kernel's shared memory as `cute.struct`s, with
-    16-bit tiles of type `io` (bf16 or fp16).
+    16-bit tiles of type `io` (bf16 or fp16); `bulk`: with the mbarrier that bulk row loads complete on.
 
     InverseWork and RecomputeWork are two views of Smem.work (phases 2-3 and phase 4)."""
     S = cute.struct
@@ -123,14 +123,21 @@ def fused_smem_struct(chunk: int, head_k: int, head_v: int, io):
         ("k", S.Align[S.MemRange[io, chunk * padded_pitch(io, head_k)], 128]),
         ("g", S.Align[S.MemRange[f32, chunk * padded_pitch(f32, head_k)], 128]),
         ("beta", S.Align[S.MemRange[f32, chunk], 16]),
-    ])
+    ] + [("loads_mbar", S.Align[S.MemRange[cutlass.Int64, 1], 8])] * bulk)
     return smem, inverse_work, recompute_work
 
 
 def smem_bytes(key: FusedForwardKey) -> int:
     """Shared memory of one CTA of `key`'s kernel (the module docstring states it)."""
     return fused_smem_struct(key.chunk, padded_head_dim(key.head_k), padded_head_dim(key.head_v),
-                             IO_TYPES[key.io_dtype])[0].__sizeof__()
+                             IO_TYPES[key.io_dtype], bulk_loads(key))[0].__sizeof__()
+
+
+def bulk_loads(key: FusedForwardKey) -> bool:
+    """Whether `key`'s kernel loads q, k and g rows by cp.async.bulk (one per row, issued by one thread per warp,
+    completing on an mbarrier) rather than by 16-byte cp.async from every thread: wherever one bulk copy can move
+    a 16-bit row (`bulk_loadable`; K = 64, 128, 256), so every g row too."""
+    return bulk_loadable(IO_TYPES[key.io_dtype], key.head_k)
 
 
 def resident_ctas(key: FusedForwardKey) -> int:
@@ -154,6 +161,7 @@ class FusedForward:
         self.varlen = key.varlen != "dense"
         self.config = key.config
         self.num_threads = 32 * key.config.warps
+        self.bulk = bulk_loads(key)
         # Measurement only (benchmarks/fused_phases.py): a kernel that leaves phases out computes
         # garbage and is never built from a key, so it never reaches the cache.
         self.phases = PHASES
@@ -197,7 +205,7 @@ class FusedForward:
             grid = (min(tiles[0] * tiles[1] * tiles[2], max_ctas), 1, 1)
         layouts = RecomputeLayouts(self.chunk, self.head_k, self.head_v)
         smem_struct, inverse_work, recompute_work = fused_smem_struct(self.chunk, self.head_k, self.head_v,
-                                                                      self.io)
+                                                                      self.io, self.bulk)
         self.smem_struct, self.inverse_work, self.recompute_work = smem_struct, inverse_work, recompute_work
         self.kernel(mQ, mK, mV, mGk, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, scale,
                     tiles[0], make_tf32_mma(), make_row_copy(self.io, self.key.head_k, self.num_threads),
@@ -246,6 +254,8 @@ class FusedForward:
         # Registers of the tile whose loads are in flight: its v rows and this thread's beta.
         rV = row_fragments(self.chunk // (GROUP_THREADS // (self.head_v // VEC)), io)
         rBeta = cute.make_rmem_tensor((1,), mBeta.element_type)
+        mbar = self.init_loads_mbar(storage)
+        phase = cutlass.Int32(0)  # of the mbarrier phase the next loaded tile completes (bulk loads)
         if cutlass.const_expr(self.config.persistent):
             bidx, _, _ = cute.arch.block_idx()
             gdim, _, _ = cute.arch.grid_dim()
@@ -255,29 +265,34 @@ class FusedForward:
             if cutlass.const_expr(self.config.loads_ahead == 0):
                 while tile < tiles:
                     if valid:
-                        self.load_tile(tensors, smem, ops, batch, head, row0, rows, rV, rBeta, "all")
-                        self.compute_tile(tensors, smem, ops, scale, batch, head, row0, rows, rV, rBeta)
+                        self.load_tile(tensors, smem, ops, batch, head, row0, rows, rV, rBeta, "all", mbar)
+                        self.compute_tile(tensors, smem, ops, scale, batch, head, row0, rows, rV, rBeta, mbar,
+                                          phase)
+                        phase = phase ^ 1
                     tile = tile + cutlass.Int32(gdim)
                     valid, batch, head, row0, rows = self.tile_at(tensors, tile, tiles, tiles_x)
             else:
                 if valid:
-                    self.load_tile(tensors, smem, ops, batch, head, row0, rows, rV, rBeta, "all")
+                    self.load_tile(tensors, smem, ops, batch, head, row0, rows, rV, rBeta, "all", mbar)
                 while tile < tiles:
                     nxt = tile + cutlass.Int32(gdim)
                     n_valid, n_batch, n_head, n_row0, n_rows = self.tile_at(tensors, nxt, tiles, tiles_x)
                     if valid:
-                        self.compute_tile(tensors, smem, ops, scale, batch, head, row0, rows, rV, rBeta,
-                                          (n_valid, n_batch, n_head, n_row0, n_rows))
+                        self.compute_tile(tensors, smem, ops, scale, batch, head, row0, rows, rV, rBeta, mbar,
+                                          phase, (n_valid, n_batch, n_head, n_row0, n_rows))
+                        phase = phase ^ 1
                     elif n_valid:
-                        self.load_tile(tensors, smem, ops, n_batch, n_head, n_row0, n_rows, rV, rBeta, "all")
+                        self.load_tile(tensors, smem, ops, n_batch, n_head, n_row0, n_rows, rV, rBeta, "all",
+                                       mbar)
                     tile, valid, batch, head, row0, rows = nxt, n_valid, n_batch, n_head, n_row0, n_rows
         else:
             bidx, head, bidz = cute.arch.block_idx()
             valid, batch, row0, rows = chunk_coords(mCuSeqlens, mQ.shape[1], self.chunk,
                                                     self.varlen, (cutlass.Int32(bidx), cutlass.Int32(bidz)))
             if valid:
-                self.load_tile(tensors, smem, ops, batch, cutlass.Int32(head), row0, rows, rV, rBeta, "all")
-                self.compute_tile(tensors, smem, ops, scale, batch, cutlass.Int32(head), row0, rows, rV, rBeta)
+                self.load_tile(tensors, smem, ops, batch, cutlass.Int32(head), row0, rows, rV, rBeta, "all", mbar)
+                self.compute_tile(tensors, smem, ops, scale, batch, cutlass.Int32(head), row0, rows, rV, rBeta, mbar,
+                                  phase)
 
     @cute.jit
     def tile_at(self, tensors: cutlass.Constexpr, tile: cutlass.Int32, tiles: cutlass.Int32,
@@ -301,24 +316,28 @@ class FusedForward:
     @cute.jit
     def load_tile(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, ops: cutlass.Constexpr,
                   batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32, rows: cutlass.Int32,
-                  rV: cute.Tensor, rBeta: cute.Tensor, parts: cutlass.Constexpr):
-        """Issue a tile's loads without waiting: q, k, g rows < rows by cp.async into shared memory
-        (one commit group), v rows into rV, this thread's beta (unconverted) into rBeta. `parts`:
-        "all", "q" (only q) or "rest" (all but q)."""
+                  rV: cute.Tensor, rBeta: cute.Tensor, parts: cutlass.Constexpr, mbar: cutlass.Constexpr):
+        """Issue a tile's loads without waiting: q, k, g rows < rows into shared memory, v rows into rV, this
+        thread's beta (unconverted) into rBeta. `parts`: "all", "q" (only q) or "rest" (all but q). The shared rows
+        go by cp.async (one commit group) or, with `mbar` (the mbarrier of `bulk_loads`), by `issue_bulk_rows`."""
         mQ, mK, mV, mG, mBeta = tensors[:5]
         sQ, sK, sG = smem[:3]
         copy_qk, copy_g = ops[1], ops[2]
         tidx, _, _ = cute.arch.thread_idx()
-        cTile = cute.make_identity_tensor((self.chunk, self.head_k))
+        gQ = chunk_rows(mQ, batch, qk_head(head, mQ, mG), row0, self.chunk)
+        gK = chunk_rows(mK, batch, qk_head(head, mK, mG), row0, self.chunk)
+        gG = chunk_rows(mG, batch, head, row0, self.chunk)
         loads = cutlass.const_expr("loads" in self.phases)
-        if cutlass.const_expr(loads and parts != "rest"):
-            load_rows(copy_qk, chunk_rows(mQ, batch, qk_head(head, mQ, mG), row0, self.chunk), sQ, cTile, tidx,
-                      rows)
-        if cutlass.const_expr(loads and parts != "q"):
-            load_rows(copy_qk, chunk_rows(mK, batch, qk_head(head, mK, mG), row0, self.chunk), sK, cTile, tidx,
-                      rows)
-            load_rows(copy_g, chunk_rows(mG, batch, head, row0, self.chunk), sG, cTile, tidx, rows)
-        cute.arch.cp_async_commit_group()
+        if cutlass.const_expr(self.bulk):
+            self.issue_bulk_rows(gQ, gK, gG, sQ, sK, sG, rows, parts, mbar)
+        else:
+            cTile = cute.make_identity_tensor((self.chunk, self.head_k))
+            if cutlass.const_expr(loads and parts != "rest"):
+                load_rows(copy_qk, gQ, sQ, cTile, tidx, rows)
+            if cutlass.const_expr(loads and parts != "q"):
+                load_rows(copy_qk, gK, sK, cTile, tidx, rows)
+                load_rows(copy_g, gG, sG, cTile, tidx, rows)
+            cute.arch.cp_async_commit_group()
         if cutlass.const_expr(loads and parts != "q"):
             if cutlass.const_expr(self.config.warps == 4):  # 8 warps: group 1 loads v in two_group_tile
                 self.load_v_rows(mV, batch, head, row0, rows, tidx, rV)
@@ -327,21 +346,66 @@ class FusedForward:
             rBeta[0] = mBeta[batch, row0 + min(tidx % self.chunk, rows - 1), head]
 
     @cute.jit
+    def issue_bulk_rows(self, gQ: cute.Tensor, gK: cute.Tensor, gG: cute.Tensor, sQ: cute.Tensor, sK: cute.Tensor,
+                        sG: cute.Tensor, rows: cutlass.Int32, parts: cutlass.Constexpr, mbar: cute.Pointer):
+        """The shared rows of `load_tile` by bulk copies: warp w's elected thread arms the mbarrier with the bytes of
+        its rows w, w + warps, ... < rows (`mbarrier_expect_tx` for `parts` "q", whose "rest" arrives later;
+        arrive + expect_tx otherwise), then issues their copies. Each warp arms before it issues, so the
+        transaction count never runs ahead of the copies; the phase completes once every warp has arrived and every
+        byte has landed (phase-variant kernels without "loads" arrive with 0 bytes)."""
+        warps = self.config.warps
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        loads = cutlass.const_expr("loads" in self.phases)
+        row_bytes = 0
+        if cutlass.const_expr(loads and parts != "rest"):
+            row_bytes += bulk_bytes(self.io, self.head_k)
+        if cutlass.const_expr(loads and parts != "q"):
+            row_bytes += bulk_bytes(self.io, self.head_k) + bulk_bytes(cutlass.Float32, self.head_k)
+        my_rows = (rows - warp_idx + (warps - 1)) // warps
+        with cute.arch.elect_one():
+            if cutlass.const_expr(parts == "q"):
+                cute.arch.mbarrier_expect_tx(mbar, my_rows * row_bytes)
+            else:
+                cute.arch.mbarrier_arrive_and_expect_tx(mbar, my_rows * row_bytes)
+            if cutlass.const_expr(loads and parts != "rest"):
+                bulk_load_rows(gQ, sQ, mbar, warp_idx, warps, rows)
+            if cutlass.const_expr(loads and parts != "q"):
+                bulk_load_rows(gK, sK, mbar, warp_idx, warps, rows)
+                bulk_load_rows(gG, sG, mbar, warp_idx, warps, rows)
+
+    @cute.jit
+    def init_loads_mbar(self, storage):
+        """The mbarrier that bulk row loads complete on (None with cp.async loads), initialized for one arrival per
+        warp (`issue_bulk_rows`) and visible to the CTA."""
+        mbar = None
+        if cutlass.const_expr(self.bulk):
+            mbar = storage.loads_mbar.data_ptr()
+            if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_init(mbar, self.config.warps)
+            cute.arch.mbarrier_init_fence()
+            cute.arch.sync_threads()
+        return mbar
+
+    @cute.jit
     def compute_tile(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, ops: cutlass.Constexpr,
                      scale: cutlass.Float32, batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
-                     valid_rows: cutlass.Int32, rV: cute.Tensor, rBeta: cute.Tensor,
-                     next_tile: cutlass.Constexpr = None):
+                     valid_rows: cutlass.Int32, rV: cute.Tensor, rBeta: cute.Tensor, mbar: cutlass.Constexpr,
+                     phase: cutlass.Int32, next_tile: cutlass.Constexpr = None):
         """Phases 2-4 of the module docstring for a tile whose loads (`load_tile`) are in flight, by one
-        group of 4 warps or, with 8 warps, by two (`two_group_tile`)."""
+        group of 4 warps or, with 8 warps, by two (`two_group_tile`). `mbar`, `phase`: the bulk loads' mbarrier
+        (None with cp.async) and the phase this tile's loads complete."""
+        landed = (mbar, phase)
         if cutlass.const_expr(self.config.warps == 8):
-            self.two_group_tile(tensors, smem, ops, scale, batch, head, row0, valid_rows, rV, rBeta)
+            self.two_group_tile(tensors, smem, ops, scale, batch, head, row0, valid_rows, rV, rBeta, landed)
         else:
-            self.one_group_tile(tensors, smem, ops, scale, batch, head, row0, valid_rows, rV, rBeta, next_tile)
+            self.one_group_tile(tensors, smem, ops, scale, batch, head, row0, valid_rows, rV, rBeta, landed,
+                                next_tile)
 
     @cute.jit
     def two_group_tile(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, ops: cutlass.Constexpr,
                        scale: cutlass.Float32, batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
-                       valid_rows: cutlass.Int32, rV: cute.Tensor, rBeta: cute.Tensor):
+                       valid_rows: cutlass.Int32, rV: cute.Tensor, rBeta: cute.Tensor, landed: cutlass.Constexpr):
         """Phases 2-4 with 8 warps (no QG): the intra blocks over all 8 warps (WARP_GROUPS_8), after which
         group 1 (warps 4-7) issues its v loads and (safe gate, or chunk 32) computes KG; then group 0 (warps 0-3)
         inverts, stores Akk and stages the A tile while group 1 computes Kp (into q's buffer) and Vp (and then KG
@@ -351,7 +415,7 @@ class FusedForward:
         sQ, sK, sG, sBeta, sL, sX00, sX, sA, sKp, sVp, sOutW, sOutU = smem
         intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma = ops
         C = self.chunk
-        tidx, warp_idx, lane = self.loads_landed(sBeta, rBeta, valid_rows)
+        tidx, warp_idx, lane = self.loads_landed(sBeta, rBeta, valid_rows, *landed)
         group_tidx = tidx % GROUP_THREADS
         first_group = warp_idx < GROUP_THREADS // 32
 
@@ -402,6 +466,8 @@ class FusedForward:
                     self.group_products(tensors, smem, wu_mma, batch, head, row0, valid_rows, group_tidx,
                                         first_group)
         if cutlass.const_expr(self.config.persistent):
+            if cutlass.const_expr(self.bulk):  # the next tile's bulk copies (async proxy) overwrite q's buffer
+                cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.sync_threads()  # q's buffer holds the W staging tile until group 0 has stored it
 
     @cute.jit
@@ -419,7 +485,7 @@ class FusedForward:
     @cute.jit
     def one_group_tile(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, ops: cutlass.Constexpr,
                        scale: cutlass.Float32, batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
-                       valid_rows: cutlass.Int32, rV: cute.Tensor, rBeta: cute.Tensor,
+                       valid_rows: cutlass.Int32, rV: cute.Tensor, rBeta: cute.Tensor, landed: cutlass.Constexpr,
                        next_tile: cutlass.Constexpr = None):
         """Phases 2-4 with 4 warps, each warp in every phase.
 
@@ -431,7 +497,7 @@ class FusedForward:
         C = self.chunk
         ahead = cutlass.const_expr(next_tile is not None)
         q_early = cutlass.const_expr(ahead and not self.output_qg)
-        tidx, warp_idx, lane = self.loads_landed(sBeta, rBeta, valid_rows)
+        tidx, warp_idx, lane = self.loads_landed(sBeta, rBeta, valid_rows, *landed)
 
         # 2. Intra: Aqk -> global, L -> smem; L rows >= valid_rows := +0.
         if cutlass.const_expr("intra" in self.phases):
@@ -441,7 +507,7 @@ class FusedForward:
         cute.arch.sync_threads()
         if cutlass.const_expr(q_early):
             if next_tile[0]:
-                self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "q")
+                self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "q", landed[0])
 
         # 3. Inverse in smem; Akk rows < valid_rows -> global.
         if cutlass.const_expr("inverse" in self.phases):
@@ -460,19 +526,24 @@ class FusedForward:
         cute.arch.sync_threads()  # q, k, g, beta and rV are consumed
         if cutlass.const_expr(ahead):
             if next_tile[0]:
-                self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "rest" if q_early else "all")
+                self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "rest" if q_early else "all",
+                               landed[0])
         if cutlass.const_expr(recompute):
             products_w_u(wu_mma, sA, sKp, sVp, sOutW, sOutU, chunk_rows(mW, batch, head, row0, C),
                          chunk_rows(mU, batch, head, row0, C), valid_rows, tidx)
 
     @cute.jit
-    def loads_landed(self, sBeta: cute.Tensor, rBeta: cute.Tensor, valid_rows: cutlass.Int32):
-        """Wait for this tile's cp.async loads, convert its beta (rBeta) into sBeta, synchronize the CTA;
-        returns (thread index, warp index, lane)."""
+    def loads_landed(self, sBeta: cute.Tensor, rBeta: cute.Tensor, valid_rows: cutlass.Int32, mbar: cutlass.Constexpr,
+                     phase: cutlass.Int32):
+        """Wait for this tile's loads (cp.async, or with `mbar` the bulk loads of mbarrier phase `phase`), convert
+        its beta (rBeta) into sBeta, synchronize the CTA; returns (thread index, warp index, lane)."""
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
-        cute.arch.cp_async_wait_group(0)
+        if cutlass.const_expr(self.bulk):
+            cute.arch.mbarrier_wait(mbar, phase)
+        else:
+            cute.arch.cp_async_wait_group(0)
         if tidx < self.chunk:
             sBeta[tidx] = beta_row(rBeta[0], tidx, valid_rows)
         cute.arch.sync_threads()

@@ -22,6 +22,7 @@ from kdajit.templates.common import RN, global_vec, tf32, tf32x3_gemm
 SUB = 16        # rows of one sub-block (the MMA M)
 MMA_K = 8       # head-dim step of one mma.sync m16n8k8
 PAD_BYTES = 16  # extra bytes per shared row: shifts consecutive rows by 4 banks
+BULK_GRANULE = 16  # bytes: the address and size unit of cp.async.bulk
 # Diagonal-block reference shift (log2 units). Under the safe gate (per-token log-gate >= -5, i.e.
 # >= -5/ln 2 = -7.21 in log2) a 16-row block spans at most 15 * 7.21 = 108.2, so with r = g[16a] - 54
 # the A factor 2^(g_i - r) lies in [2^-54.2, 2^54] and the B factor 2^(r - g_j) in [2^-54, 2^54.2].
@@ -141,6 +142,37 @@ def load_rows(tiled_copy: cute.TiledCopy, gX: cute.Tensor, sX: cute.Tensor, cX: 
         else:
             if tXcX[0, m, 0][0] < valid_rows:
                 cute.copy(tiled_copy, tXgX[None, m, None], tXsX[None, m, None])
+
+
+def bulk_loadable(dtype, cols: int) -> bool:
+    """Whether one cp.async.bulk can move a [.., cols] row of `dtype`: the row is a whole number of BULK_GRANULE
+    bytes, so every row of a 16-byte aligned [B, T, H, cols] tensor starts on a granule (16-bit rows at K = 60 or 100
+    do not; their tiles keep `load_rows`)."""
+    return cols * dtype.width // 8 % BULK_GRANULE == 0
+
+
+def bulk_bytes(dtype, cols: int) -> int:
+    """Bytes one bulk row copy of a [.., cols] row of `dtype` moves (what it counts on its mbarrier)."""
+    return cols * dtype.width // 8
+
+
+@cute.jit
+def bulk_load_rows(gX: cute.Tensor, sX: cute.Tensor, mbar_ptr: cute.Pointer, first_row: cutlass.Int32,
+                   row_step: cutlass.Constexpr, valid_rows: cutlass.Int32):
+    """One cp.async.bulk per row first_row + n row_step < valid_rows of a [chunk, cols] global tile into the same
+    row of the padded shared tile sX (`bulk_loadable` rows), each completing its `bulk_bytes` on the mbarrier at
+    `mbar_ptr`. For one thread: the caller elects it and has armed the mbarrier for these rows first. Other rows
+    stay unwritten, as with `load_rows`."""
+    dtype = gX.element_type
+    cols = cute.size(gX, mode=[1])
+    atom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), dtype, num_bits_per_copy=cols * dtype.width)
+    first = gX[first_row, None].iterator
+    step = gX.stride[0] * row_step  # elements from one of the thread's rows to the next
+    for n in cutlass.range((valid_rows - first_row + row_step - 1) // row_step, unroll=1):
+        src = first + step * n
+        gRow = cute.make_tensor(cute.make_ptr(dtype, src.toint(), src.memspace, assumed_align=BULK_GRANULE),
+                                cute.make_layout(cols))
+        cute.copy(atom, gRow, sX[first_row + n * row_step, None], mbar_ptr=mbar_ptr)
 
 
 @cute.jit
