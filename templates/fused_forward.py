@@ -6,8 +6,10 @@ tile_recompute.py) from the same operand values, in the order docs/numerics.md f
 operands live changes: L and Akk never leave the CTA, and k, g are read from HBM once.
 
 Per tile (4 warps, 128 threads; the phases run one after another, separated by CTA barriers):
-1. loads (`load_tile`): q, k (io dtype), g (fp32) rows < v by 16-byte cp.async (8-byte pieces for 16-bit rows
-   of a padded head size such as 60 or 100) into padded shared tiles; beta into a register, converted to fp32
+1. loads (`load_tile`): q, k (io dtype), g (fp32) rows < v into padded shared tiles, at K = 64, 128, 256 by one
+   cp.async.bulk per row (`bulk_loads`: each warp's elected thread arms an mbarrier with its rows' bytes and issues
+   their copies; every thread waits on the tile's phase), else by 16-byte cp.async (8-byte pieces for 16-bit rows
+   of a padded head size such as 60 or 100); beta into a register, converted to fp32
    into a 64-entry shared vector (0 for rows >= v) once the tile's loads have landed; v rows by 16-byte
    `ld.global.nc` (the same pieces) straight into registers (clamped to row v - 1, as the standalone recompute
    does), in flight during phases 2-3.
@@ -37,8 +39,8 @@ at head h // (HV / H), as in the standalone kernels.
 
 Shared memory (`fused_smem_struct`, K = V = 128, chunk 64): work region 29,696 B (L fp32 17 KiB with its
 row pad, X00 fp32 4 KiB, Akk 8 KiB; after the inverse the same bytes hold the swizzled Akk A tile 8 KiB and
-Kp 16 KiB), Vp 16,384 B, q and k 17,408 B each, g 33,792 B, beta 256 B: 114,944 B, 115,712 B with the
-struct's 1 KiB end alignment; two CTAs fit an SM (2 x (115,712 + 1,024 reserved) = 233,472 B, not a byte to
+Kp 16 KiB), Vp 16,384 B, q and k 17,408 B each, g 33,792 B, beta 256 B, the loads' mbarrier 8 B: 114,952 B,
+115,712 B with the struct's 1 KiB end alignment; two CTAs fit an SM (2 x (115,712 + 1,024 reserved) = 233,472 B, not a byte to
 spare: X00 is swizzled rather than padded for that reason).
 
 Scheduling (`FusedConfig`): one tile per CTA on the standalone grid (templates/common.py), or
@@ -135,8 +137,8 @@ def smem_bytes(key: FusedForwardKey) -> int:
 
 def bulk_loads(key: FusedForwardKey) -> bool:
     """Whether `key`'s kernel loads q, k and g rows by cp.async.bulk (one per row, issued by one thread per warp,
-    completing on an mbarrier) rather than by 16-byte cp.async from every thread: wherever one bulk copy can move
-    a 16-bit row (`bulk_loadable`; K = 64, 128, 256), so every g row too."""
+    completing on an mbarrier) rather than by cp.async from every thread: wherever `bulk_loadable` allows it for the
+    16-bit rows (K = 64, 128, 256), and so for the g rows too."""
     return bulk_loadable(IO_TYPES[key.io_dtype], key.head_k)
 
 
@@ -358,9 +360,9 @@ class FusedForward:
         loads = cutlass.const_expr("loads" in self.phases)
         row_bytes = 0
         if cutlass.const_expr(loads and parts != "rest"):
-            row_bytes += bulk_bytes(self.io, self.head_k)
+            row_bytes += bulk_bytes(gQ)
         if cutlass.const_expr(loads and parts != "q"):
-            row_bytes += bulk_bytes(self.io, self.head_k) + bulk_bytes(cutlass.Float32, self.head_k)
+            row_bytes += bulk_bytes(gK) + bulk_bytes(gG)
         my_rows = (rows - warp_idx + (warps - 1)) // warps
         with cute.arch.elect_one():
             if cutlass.const_expr(parts == "q"):

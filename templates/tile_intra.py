@@ -145,15 +145,17 @@ def load_rows(tiled_copy: cute.TiledCopy, gX: cute.Tensor, sX: cute.Tensor, cX: 
 
 
 def bulk_loadable(dtype, cols: int) -> bool:
-    """Whether one cp.async.bulk can move a [.., cols] row of `dtype`: the row is a whole number of BULK_GRANULE
-    bytes, so every row of a 16-byte aligned [B, T, H, cols] tensor starts on a granule (16-bit rows at K = 60 or 100
-    do not; their tiles keep `load_rows`)."""
-    return cols * dtype.width // 8 % BULK_GRANULE == 0
+    """Whether `bulk_load_rows` can fill a tile of [.., cols] rows of `dtype`: the tile has no padded columns to
+    zero (cols is a HEAD_DIMS size) and a row is a whole number of BULK_GRANULE bytes, so every row of a 16-byte
+    aligned [B, T, H, cols] tensor starts on a granule. K = 64, 128, 256; padded sizes (60, 96, 100, ...) keep
+    `load_rows`."""
+    return padded_head_dim(cols) == cols and cols * dtype.width // 8 % BULK_GRANULE == 0
 
 
-def bulk_bytes(dtype, cols: int) -> int:
-    """Bytes one bulk row copy of a [.., cols] row of `dtype` moves (what it counts on its mbarrier)."""
-    return cols * dtype.width // 8
+def bulk_bytes(gX: cute.Tensor) -> int:
+    """Bytes one `bulk_load_rows` copy of a row of the [chunk, cols] global tile gX moves (what it counts on its
+    mbarrier)."""
+    return cute.size(gX, mode=[1]) * gX.element_type.width // 8
 
 
 @cute.jit
@@ -165,6 +167,7 @@ def bulk_load_rows(gX: cute.Tensor, sX: cute.Tensor, mbar_ptr: cute.Pointer, fir
     stay unwritten, as with `load_rows`."""
     dtype = gX.element_type
     cols = cute.size(gX, mode=[1])
+    assert cols == cute.size(sX, mode=[1]) and bulk_loadable(dtype, cols), "bulk rows fill whole, unpadded tiles"
     atom = cute.make_copy_atom(cpasync.CopyBulkG2SOp(), dtype, num_bits_per_copy=cols * dtype.width)
     first = gX[first_row, None].iterator
     step = gX.stride[0] * row_step  # elements from one of the thread's rows to the next

@@ -33,6 +33,10 @@ UNEQUAL_HEADS = [ForwardSpec(beta, varlen, head_k, head_v, chunk, qg, arch)
                                                            (100, 128), (64, 60), (4, 252)],
                      keys.CHUNK_SIZES, (False, True), keys.ARCHS)]
 SPECS += UNEQUAL_HEADS
+# A padded size whose rows are 16-byte multiples (96: a 128-column tile), which the fused kernel's bulk row loads
+# (one copy per whole, unpadded row) must leave to cp.async.
+PADDED_BY_EIGHT = ForwardSpec("bf16", "dense", 96, 96, 64, False, "sm_90a")
+SPECS.append(PADDED_BY_EIGHT)
 # Every kernel `forward`/`intra`/`recompute_w_u` run, plus the fused kernel in every configuration of its space.
 KEYS = sorted({key for spec in SPECS for key in spec.kernel_keys()}
               | {spec.fused_key(c) for spec in SPECS if spec.uses_fused for c in keys.FUSED_CONFIG_SPACE},
@@ -41,11 +45,13 @@ KEYS = sorted({key for spec in SPECS for key in spec.kernel_keys()}
 REFERENCE = ForwardSpec("bf16", "cu32", 128, 128, 64, True, "sm_90a").kernel_keys()
 # The fast tier covers field values one at a time, so it would never pick K != V: four pairs join it (the smaller
 # head first and last; the third of two padded sizes, the fourth of the smallest and largest padded sizes, 4 and
-# 252), and the 8-warp fused configuration (which splits W and U across its groups).
+# 252), the 8-warp fused configuration (which splits W and U across its groups), and the 8-warp fused kernel at
+# PADDED_BY_EIGHT.
 FAST_UNEQUAL = (ForwardSpec("fp32", "dense", 64, 256, 64, True, "sm_90a").kernel_keys()
                 + ForwardSpec("bf16", "cu32", 60, 100, 64, False, "sm_90a").kernel_keys()
                 + ForwardSpec("bf16", "dense", 4, 252, 64, True, "sm_90a").kernel_keys()
-                + (ForwardSpec("bf16", "cu64", 256, 128, 64, False, "sm_90a").fused_key(FusedConfig(warps=8)),))
+                + (ForwardSpec("bf16", "cu64", 256, 128, 64, False, "sm_90a").fused_key(FusedConfig(warps=8)),
+                   PADDED_BY_EIGHT.fused_key(FusedConfig(warps=8))))
 
 def cubin_archs(obj: bytes) -> list[str]:
     """The SM arch of every cubin embedded in a host object, from the cubin ELF headers."""
