@@ -74,8 +74,8 @@ from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, LOADS_AHEAD, RAS
                          FusedForwardKey, head_dim_supported, padded_head_dim)
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
                                     make_struct, make_tf32_mma, qk_head, sync_group)
-from kdajit.templates.tile_intra import (beta_row, bulk_bytes, bulk_load_rows, bulk_loadable, intra_tile, load_rows,
-                                         make_row_copy, padded_pitch, padded_tile_layout, warp_schedule)
+from kdajit.templates.tile_intra import (beta_row, bulk_loadable, init_bulk_mbar, intra_tile, issue_bulk_rows,
+                                         load_rows, make_row_copy, padded_pitch, padded_tile_layout, warp_schedule)
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_elements, l_tile_layout,
                                            make_akk_store_copy, make_l_load_copy, store_akk_rows, x00_layout,
                                            zero_rows_from)
@@ -256,7 +256,10 @@ class FusedForward:
         # Registers of the tile whose loads are in flight: its v rows and this thread's beta.
         rV = row_fragments(self.chunk // (GROUP_THREADS // (self.head_v // VEC)), io)
         rBeta = cute.make_rmem_tensor((1,), mBeta.element_type)
-        mbar = self.init_loads_mbar(storage)
+        mbar = None  # with cp.async loads
+        if cutlass.const_expr(self.bulk):
+            mbar = storage.loads_mbar.data_ptr()
+            init_bulk_mbar(mbar, self.config.warps)
         phase = cutlass.Int32(0)  # of the mbarrier phase the next loaded tile completes (bulk loads)
         if cutlass.const_expr(self.config.persistent):
             bidx, _, _ = cute.arch.block_idx()
@@ -331,7 +334,11 @@ class FusedForward:
         gG = chunk_rows(mG, batch, head, row0, self.chunk)
         loads = cutlass.const_expr("loads" in self.phases)
         if cutlass.const_expr(self.bulk):
-            self.issue_bulk_rows(gQ, gK, gG, sQ, sK, sG, rows, parts, mbar)
+            # Phase-variant kernels without "loads" arrive with 0 bytes. With loads_ahead 1 the q part, issued first,
+            # only adds its bytes; the rest arrives.
+            tiles = [(gQ, sQ)] * (loads and parts != "rest") + [(gK, sK), (gG, sG)] * (loads and parts != "q")
+            issue_bulk_rows(tiles, mbar, cute.arch.make_warp_uniform(cute.arch.warp_idx()), self.config.warps, rows,
+                            arrive=parts != "q")
         else:
             cTile = cute.make_identity_tensor((self.chunk, self.head_k))
             if cutlass.const_expr(loads and parts != "rest"):
@@ -346,48 +353,6 @@ class FusedForward:
             # The raw value only: converting it here would wait for the load, and the barrier after
             # the gate rows would make every warp wait with it.
             rBeta[0] = mBeta[batch, row0 + min(tidx % self.chunk, rows - 1), head]
-
-    @cute.jit
-    def issue_bulk_rows(self, gQ: cute.Tensor, gK: cute.Tensor, gG: cute.Tensor, sQ: cute.Tensor, sK: cute.Tensor,
-                        sG: cute.Tensor, rows: cutlass.Int32, parts: cutlass.Constexpr, mbar: cute.Pointer):
-        """The shared rows of `load_tile` by bulk copies: warp w's elected thread arms the mbarrier with the bytes of
-        its rows w, w + warps, ... < rows (`mbarrier_expect_tx` for `parts` "q", whose "rest" arrives later;
-        arrive + expect_tx otherwise), then issues their copies. Each warp arms before it issues, so the
-        transaction count never runs ahead of the copies; the phase completes once every warp has arrived and every
-        byte has landed (phase-variant kernels without "loads" arrive with 0 bytes)."""
-        warps = self.config.warps
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        loads = cutlass.const_expr("loads" in self.phases)
-        row_bytes = 0
-        if cutlass.const_expr(loads and parts != "rest"):
-            row_bytes += bulk_bytes(gQ)
-        if cutlass.const_expr(loads and parts != "q"):
-            row_bytes += bulk_bytes(gK) + bulk_bytes(gG)
-        my_rows = (rows - warp_idx + (warps - 1)) // warps
-        with cute.arch.elect_one():
-            if cutlass.const_expr(parts == "q"):
-                cute.arch.mbarrier_expect_tx(mbar, my_rows * row_bytes)
-            else:
-                cute.arch.mbarrier_arrive_and_expect_tx(mbar, my_rows * row_bytes)
-            if cutlass.const_expr(loads and parts != "rest"):
-                bulk_load_rows(gQ, sQ, mbar, warp_idx, warps, rows)
-            if cutlass.const_expr(loads and parts != "q"):
-                bulk_load_rows(gK, sK, mbar, warp_idx, warps, rows)
-                bulk_load_rows(gG, sG, mbar, warp_idx, warps, rows)
-
-    @cute.jit
-    def init_loads_mbar(self, storage):
-        """The mbarrier that bulk row loads complete on (None with cp.async loads), initialized for one arrival per
-        warp (`issue_bulk_rows`) and visible to the CTA."""
-        mbar = None
-        if cutlass.const_expr(self.bulk):
-            mbar = storage.loads_mbar.data_ptr()
-            if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_init(mbar, self.config.warps)
-            cute.arch.mbarrier_init_fence()
-            cute.arch.sync_threads()
-        return mbar
 
     @cute.jit
     def compute_tile(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, ops: cutlass.Constexpr,

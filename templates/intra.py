@@ -40,9 +40,10 @@ A group whose row block has no valid row (16a >= v) is skipped. Gated operands a
 straight into the MMA fragments from shared q, k, g (CuTe `partition_A/B` views; a stride-0 view
 of the reference row gives r per fragment element), so nothing is staged besides the inputs.
 
-Memory: q, k (io) and g (fp32) of the chunk are read once with 16-byte cp.async into padded
-shared tiles (row pitch +16 bytes: the MMA fragment reads are bank-conflict free); beta goes to a
-64-entry fp32 vector. Shared memory 68,864 bytes at K = 128. Output fragments are stored straight to global
+Memory: q, k (io) and g (fp32) of the chunk are read once into padded shared tiles (row pitch +16 bytes: the MMA
+fragment reads are bank-conflict free): on sm_90a / sm_100a at K = 64, 128, 256 by one cp.async.bulk per row
+(`tile_intra.issue_bulk_rows`, as the fused kernel), else with 16-byte cp.async; beta goes to a 64-entry fp32
+vector. Shared memory 68,864 bytes at K = 128 (+8 for the bulk loads' mbarrier). Output fragments are stored straight to global
 memory (Aqk 4-byte, L 8-byte vector stores).
 
 Code: the per-tile arithmetic (loads, block products, epilogue, block stores) is in
@@ -65,25 +66,33 @@ from cutlass.memory import SmemAllocator
 from kdajit.keys import ARCHS, CHUNK_SIZES, VARLEN_MODES, IntraKey, head_dim_supported, padded_head_dim
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
                                     make_struct, make_tf32_mma, qk_head)
-from kdajit.templates.tile_intra import (NUM_WARPS, intra_tile, load_beta, load_rows, make_row_copy, padded_pitch,
-                                         padded_tile_layout, warp_schedule)
+from kdajit.templates.tile_intra import (NUM_WARPS, bulk_loadable, init_bulk_mbar, intra_tile, issue_bulk_rows,
+                                         load_beta, load_rows, make_row_copy, padded_pitch, padded_tile_layout,
+                                         warp_schedule)
 
 
-def intra_smem_struct(chunk: int, head_k: int, io):
+def intra_smem_struct(chunk: int, head_k: int, io, bulk: bool = False):
     """The intra kernel's shared memory: padded q, k (`io`: bf16 or fp16) and g (fp32) tiles and the
-    beta vector."""
+    beta vector; `bulk`: with the mbarrier that bulk row loads complete on."""
     S, f32 = cute.struct, cutlass.Float32
     return make_struct("IntraSmem", [
         ("q", S.Align[S.MemRange[io, chunk * padded_pitch(io, head_k)], 128]),
         ("k", S.Align[S.MemRange[io, chunk * padded_pitch(io, head_k)], 128]),
         ("g", S.Align[S.MemRange[f32, chunk * padded_pitch(f32, head_k)], 128]),
         ("beta", S.Align[S.MemRange[f32, chunk], 16]),
-    ])
+    ] + [("loads_mbar", S.Align[S.MemRange[cutlass.Int64, 1], 8])] * bulk)
 
 
 def smem_bytes(key) -> int:
     """Shared memory of one CTA of `key`'s kernel (the module docstring states it)."""
-    return intra_smem_struct(key.chunk, padded_head_dim(key.head_k), IO_TYPES[key.io_dtype]).__sizeof__()
+    return intra_smem_struct(key.chunk, padded_head_dim(key.head_k), IO_TYPES[key.io_dtype],
+                             bulk_loads(key)).__sizeof__()
+
+
+def bulk_loads(key) -> bool:
+    """Whether `key`'s kernel loads q, k, g rows by cp.async.bulk (`tile_intra.issue_bulk_rows`): on the archs
+    that have it (sm_90 on), where `tile_intra.bulk_loadable` allows it (K = 64, 128, 256)."""
+    return key.arch != "sm_80" and bulk_loadable(IO_TYPES[key.io_dtype], key.head_k)
 
 
 class KdaIntra:
@@ -97,6 +106,7 @@ class KdaIntra:
         self.varlen = key.varlen != "dense"
         self.num_threads = 32 * key.config.warps
         self.safe_gate = key.safe_gate
+        self.bulk = bulk_loads(key)
 
     @staticmethod
     def can_implement(key) -> bool:
@@ -130,25 +140,33 @@ class KdaIntra:
         is_valid, batch, row0, valid_rows = chunk_coords(mCuSeqlens, mQ.shape[1],
                                                          self.chunk, self.varlen)
 
-        storage = SmemAllocator().allocate(intra_smem_struct(self.chunk, self.head_k, self.io))
+        storage = SmemAllocator().allocate(intra_smem_struct(self.chunk, self.head_k, self.io, self.bulk))
         f32 = cutlass.Float32
         sQ = storage.q.get_tensor(padded_tile_layout(self.io, self.chunk, self.head_k))
         sK = storage.k.get_tensor(padded_tile_layout(self.io, self.chunk, self.head_k))
         sG = storage.g.get_tensor(padded_tile_layout(f32, self.chunk, self.head_k))
         sBeta = storage.beta.get_tensor(cute.make_layout(self.chunk))
+        if cutlass.const_expr(self.bulk):
+            init_bulk_mbar(storage.loads_mbar.data_ptr(), self.num_threads // 32)
 
         if is_valid:
-            tile = (self.chunk, self.head_k)
             gQ = chunk_rows(mQ, batch, qk_head(head, mQ, mG), row0, self.chunk)
             gK = chunk_rows(mK, batch, qk_head(head, mK, mG), row0, self.chunk)
             gG = chunk_rows(mG, batch, head, row0, self.chunk)
-            cTile = cute.make_identity_tensor(tile)
-            load_rows(copy_qk, gQ, sQ, cTile, tidx, valid_rows)
-            load_rows(copy_qk, gK, sK, cTile, tidx, valid_rows)
-            load_rows(copy_g, gG, sG, cTile, tidx, valid_rows)
-            cute.arch.cp_async_commit_group()
+            if cutlass.const_expr(self.bulk):
+                issue_bulk_rows([(gQ, sQ), (gK, sK), (gG, sG)], storage.loads_mbar.data_ptr(), warp_idx,
+                                self.num_threads // 32, valid_rows)
+            else:
+                cTile = cute.make_identity_tensor((self.chunk, self.head_k))
+                load_rows(copy_qk, gQ, sQ, cTile, tidx, valid_rows)
+                load_rows(copy_qk, gK, sK, cTile, tidx, valid_rows)
+                load_rows(copy_g, gG, sG, cTile, tidx, valid_rows)
+                cute.arch.cp_async_commit_group()
             load_beta(mBeta, sBeta, batch, row0, head, tidx, valid_rows, self.chunk)
-            cute.arch.cp_async_wait_group(0)
+            if cutlass.const_expr(self.bulk):
+                cute.arch.mbarrier_wait(storage.loads_mbar.data_ptr(), 0)
+            else:
+                cute.arch.cp_async_wait_group(0)
             cute.arch.sync_threads()
 
             intra_tile(tiled_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, self.chunk),

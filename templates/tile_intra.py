@@ -179,6 +179,37 @@ def bulk_load_rows(gX: cute.Tensor, sX: cute.Tensor, mbar_ptr: cute.Pointer, fir
 
 
 @cute.jit
+def issue_bulk_rows(tiles: cutlass.Constexpr, mbar_ptr: cute.Pointer, warp_idx: cutlass.Int32,
+                    warps: cutlass.Constexpr, valid_rows: cutlass.Int32, arrive: cutlass.Constexpr = True):
+    """This warp's share of the bulk row loads of the (global, shared) tile pairs `tiles`: its elected thread arms the
+    mbarrier at `mbar_ptr` with the bytes of its rows w, w + warps, ... < valid_rows (w = warp_idx) of every tile,
+    arriving unless `arrive` is False (a part whose other part arrives later), then issues their copies
+    (`bulk_load_rows`). Every warp of the CTA calls it once per phase (the mbarrier counts `warps` arrivals,
+    `init_bulk_mbar`), also with no rows or no tiles (0 bytes). Each warp arms before it issues, so the transaction
+    count never runs ahead of the copies, and the phase completes once every warp has arrived and every byte landed."""
+    my_rows = (valid_rows - warp_idx + (warps - 1)) // warps
+    row_bytes = sum(bulk_bytes(gX) for gX, _ in tiles)
+    with cute.arch.elect_one():
+        if cutlass.const_expr(arrive):
+            cute.arch.mbarrier_arrive_and_expect_tx(mbar_ptr, my_rows * row_bytes)
+        else:
+            cute.arch.mbarrier_expect_tx(mbar_ptr, my_rows * row_bytes)
+        for gX, sX in tiles:
+            bulk_load_rows(gX, sX, mbar_ptr, warp_idx, warps, valid_rows)
+
+
+@cute.jit
+def init_bulk_mbar(mbar_ptr: cute.Pointer, warps: cutlass.Constexpr):
+    """Initialize the bulk row loads' mbarrier at `mbar_ptr` for one arrival per warp (`issue_bulk_rows`) and make it
+    visible to the CTA (a CTA barrier); every thread calls it."""
+    if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_init(mbar_ptr, warps)
+    cute.arch.mbarrier_init_fence()
+    cute.arch.sync_threads()
+
+
+@cute.jit
 def load_beta(mBeta: cute.Tensor, sBeta: cute.Tensor, batch: cutlass.Int32, row0: cutlass.Int32,
               head: cutlass.Int32, tidx: cutlass.Int32, valid_rows: cutlass.Int32,
               chunk: cutlass.Constexpr):
