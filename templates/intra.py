@@ -43,7 +43,7 @@ of the reference row gives r per fragment element), so nothing is staged besides
 Memory: q, k (io) and g (fp32) of the chunk are read once into padded shared tiles (row pitch +16 bytes: the MMA
 fragment reads are bank-conflict free): on sm_90a / sm_100a at K = 64, 128, 256 by one cp.async.bulk per row
 (`tile_intra.issue_bulk_rows`, as the fused kernel), else with 16-byte cp.async; beta goes to a 64-entry fp32
-vector. Shared memory 68,864 bytes at K = 128 (+8 for the bulk loads' mbarrier). Output fragments are stored straight to global
+vector. Shared memory 68,992 bytes at K = 128 on sm_90a (with the bulk loads' mbarrier; 68,864 with cp.async). Output fragments are stored straight to global
 memory (Aqk 4-byte, L 8-byte vector stores).
 
 Code: the per-tile arithmetic (loads, block products, epilogue, block stores) is in
