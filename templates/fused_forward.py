@@ -6,10 +6,12 @@ tile_recompute.py) from the same operand values, in the order docs/numerics.md f
 operands live changes: L and Akk never leave the CTA, and k, g are read from HBM once.
 
 Per tile (4 warps, 128 threads; the phases run one after another, separated by CTA barriers):
-1. loads (`load_tile`): q, k (io dtype), g (fp32) rows < v into padded shared tiles, at K = 64, 128, 256 by one
-   cp.async.bulk per row (`bulk_loads`: each warp's elected thread arms an mbarrier with its rows' bytes and issues
-   their copies; every thread waits on the tile's phase), else by 16-byte cp.async (8-byte pieces for 16-bit rows
-   of a padded head size such as 60 or 100); beta into a register, converted to fp32
+1. loads (`load_tile`): q, k (io dtype), g (fp32) rows into padded shared tiles, completing on an mbarrier that
+   every thread waits on (`bulk_loads`): at K = 64, 128 each tile is one TMA box, rows and row pad, issued by one
+   thread (`tma_loads`, `tile_intra.make_tma_tile`; rows >= v hold the next sequence's rows or zeros); at K = 256
+   one cp.async.bulk per row < v (each warp's elected thread arms the mbarrier with its rows' bytes and issues their
+   copies). Padded head sizes (60, 100, ...) load rows < v by 16-byte cp.async (8-byte pieces for 16-bit rows at
+   60 or 100); beta into a register, converted to fp32
    into a 64-entry shared vector (0 for rows >= v) once the tile's loads have landed; v rows by 16-byte
    `ld.global.nc` (the same pieces) straight into registers (clamped to row v - 1, as the standalone recompute
    does), in flight during phases 2-3.
@@ -75,7 +77,8 @@ from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, LOADS_AHEAD, RAS
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
                                     make_struct, make_tf32_mma, qk_head, sync_group)
 from kdajit.templates.tile_intra import (beta_row, bulk_loadable, init_bulk_mbar, intra_tile, issue_bulk_rows,
-                                         load_rows, make_row_copy, padded_pitch, padded_tile_layout, warp_schedule)
+                                         issue_tma_tiles, load_rows, make_row_copy, make_tma_tile, padded_pitch,
+                                         padded_tile_layout, tma_loadable, warp_schedule)
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_elements, l_tile_layout,
                                            make_akk_store_copy, make_l_load_copy, store_akk_rows, x00_layout,
                                            zero_rows_from)
@@ -142,6 +145,12 @@ def bulk_loads(key: FusedForwardKey) -> bool:
     return bulk_loadable(IO_TYPES[key.io_dtype], key.head_k)
 
 
+def tma_loads(key: FusedForwardKey) -> bool:
+    """Whether `key`'s kernel loads its q, k and g tiles by one TMA box each (`tile_intra.make_tma_tile`, issued by
+    one thread) rather than by bulk row copies: where the padded rows fit a box (`tma_loadable`: K = 64, 128)."""
+    return tma_loadable(cutlass.Float32, key.head_k) and tma_loadable(IO_TYPES[key.io_dtype], key.head_k)
+
+
 def resident_ctas(key: FusedForwardKey) -> int:
     """The occupancy the launch asks for (`min_blocks_per_mp`, which also caps registers per thread):
     the CTAs of `key`'s kernel an SM holds by shared memory, at most `key.config.ctas_per_sm` for a
@@ -164,6 +173,7 @@ class FusedForward:
         self.config = key.config
         self.num_threads = 32 * key.config.warps
         self.bulk = bulk_loads(key)
+        self.tma = tma_loads(key)
         # Measurement only (benchmarks/fused_phases.py): a kernel that leaves phases out computes
         # garbage and is never built from a key, so it never reaches the cache.
         self.phases = PHASES
@@ -209,7 +219,11 @@ class FusedForward:
         smem_struct, inverse_work, recompute_work = fused_smem_struct(self.chunk, self.head_k, self.head_v,
                                                                       self.io, self.bulk)
         self.smem_struct, self.inverse_work, self.recompute_work = smem_struct, inverse_work, recompute_work
-        self.kernel(mQ, mK, mV, mGk, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, scale,
+        tma = None
+        if cutlass.const_expr(self.tma):
+            tma = (make_tma_tile(mQ, self.chunk, self.io), make_tma_tile(mK, self.chunk, self.io),
+                   make_tma_tile(mGk, self.chunk, f32))
+        self.kernel(mQ, mK, mV, mGk, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, scale, tma,
                     tiles[0], make_tf32_mma(), make_row_copy(self.io, self.key.head_k, self.num_threads),
                     make_row_copy(f32, self.key.head_k, self.num_threads),
                     make_l_load_copy(self.num_threads, self.chunk),
@@ -222,7 +236,7 @@ class FusedForward:
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mG: cute.Tensor,
                mBeta: cute.Tensor, mAqk: cute.Tensor, mAkk: cute.Tensor, mW: cute.Tensor,
                mU: cute.Tensor, mKG: cute.Tensor, mQG: cute.Tensor, mCuSeqlens: cute.Tensor,
-               scale: cutlass.Float32, tiles_x: cutlass.Int32,
+               scale: cutlass.Float32, tma, tiles_x: cutlass.Int32,
                intra_mma: cute.TiledMma, copy_qk: cute.TiledCopy, copy_g: cute.TiledCopy,
                l_copy: cute.TiledCopy, akk_store_copy: cute.TiledCopy, wu_mma: cute.TiledMma,
                sA_layout: cute.ComposedLayout, sKp_layout: cute.ComposedLayout,
@@ -256,10 +270,10 @@ class FusedForward:
         # Registers of the tile whose loads are in flight: its v rows and this thread's beta.
         rV = row_fragments(self.chunk // (GROUP_THREADS // (self.head_v // VEC)), io)
         rBeta = cute.make_rmem_tensor((1,), mBeta.element_type)
-        mbar = None  # with cp.async loads
+        mbar = None  # with cp.async loads; else (the mbarrier, the TMA tiles or None for bulk row copies)
         if cutlass.const_expr(self.bulk):
-            mbar = storage.loads_mbar.data_ptr()
-            init_bulk_mbar(mbar, self.config.warps)
+            mbar = (storage.loads_mbar.data_ptr(), tma)
+            init_bulk_mbar(mbar[0], 1 if self.tma else self.config.warps)
         phase = cutlass.Int32(0)  # of the mbarrier phase the next loaded tile completes (bulk loads)
         if cutlass.const_expr(self.config.persistent):
             bidx, _, _ = cute.arch.block_idx()
@@ -333,12 +347,18 @@ class FusedForward:
         gK = chunk_rows(mK, batch, qk_head(head, mK, mG), row0, self.chunk)
         gG = chunk_rows(mG, batch, head, row0, self.chunk)
         loads = cutlass.const_expr("loads" in self.phases)
-        if cutlass.const_expr(self.bulk):
+        if cutlass.const_expr(self.tma):
+            tma_q, tma_k, tma_g = mbar[1]
+            q_head = qk_head(head, mQ, mG)
+            pieces = ([(tma_q, sQ, q_head)] * (loads and parts != "rest")
+                      + [(tma_k, sK, q_head), (tma_g, sG, head)] * (loads and parts != "q"))
+            issue_tma_tiles(pieces, mbar[0], batch, row0, arrive=parts != "q")
+        elif cutlass.const_expr(self.bulk):
             # Phase-variant kernels without "loads" arrive with 0 bytes. With loads_ahead 1 the q part, issued first,
             # only adds its bytes; the rest arrives.
             tiles = [(gQ, sQ)] * (loads and parts != "rest") + [(gK, sK), (gG, sG)] * (loads and parts != "q")
-            issue_bulk_rows(tiles, mbar, cute.arch.make_warp_uniform(cute.arch.warp_idx()), self.config.warps, rows,
-                            arrive=parts != "q")
+            issue_bulk_rows(tiles, mbar[0], cute.arch.make_warp_uniform(cute.arch.warp_idx()), self.config.warps,
+                            rows, arrive=parts != "q")
         else:
             cTile = cute.make_identity_tensor((self.chunk, self.head_k))
             if cutlass.const_expr(loads and parts != "rest"):
@@ -508,7 +528,7 @@ class FusedForward:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
         if cutlass.const_expr(self.bulk):
-            cute.arch.mbarrier_wait(mbar, phase)
+            cute.arch.mbarrier_wait(mbar[0], phase)
         else:
             cute.arch.cp_async_wait_group(0)
         if tidx < self.chunk:

@@ -41,8 +41,9 @@ straight into the MMA fragments from shared q, k, g (CuTe `partition_A/B` views;
 of the reference row gives r per fragment element), so nothing is staged besides the inputs.
 
 Memory: q, k (io) and g (fp32) of the chunk are read once into padded shared tiles (row pitch +16 bytes: the MMA
-fragment reads are bank-conflict free): on sm_90a / sm_100a at K = 64, 128, 256 by one cp.async.bulk per row
-(`tile_intra.issue_bulk_rows`, as the fused kernel), else with 16-byte cp.async; beta goes to a 64-entry fp32
+fragment reads are bank-conflict free): on sm_90a / sm_100a by one TMA box per tile at K = 64, 128
+(`tile_intra.issue_tma_tiles`) or one cp.async.bulk per row at K = 256 (`issue_bulk_rows`), as the fused kernel,
+else with 16-byte cp.async; beta goes to a 64-entry fp32
 vector. Shared memory 68,992 bytes at K = 128 on sm_90a (with the bulk loads' mbarrier; 68,864 with cp.async). Output fragments are stored straight to global
 memory (Aqk 4-byte, L 8-byte vector stores).
 
@@ -67,8 +68,8 @@ from kdajit.keys import ARCHS, CHUNK_SIZES, VARLEN_MODES, IntraKey, head_dim_sup
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
                                     make_struct, make_tf32_mma, qk_head)
 from kdajit.templates.tile_intra import (NUM_WARPS, bulk_loadable, init_bulk_mbar, intra_tile, issue_bulk_rows,
-                                         load_beta, load_rows, make_row_copy, padded_pitch, padded_tile_layout,
-                                         warp_schedule)
+                                         issue_tma_tiles, load_beta, load_rows, make_row_copy, make_tma_tile,
+                                         padded_pitch, padded_tile_layout, tma_loadable, warp_schedule)
 
 
 def intra_smem_struct(chunk: int, head_k: int, io, bulk: bool = False):
@@ -95,6 +96,13 @@ def bulk_loads(key) -> bool:
     return key.arch != "sm_80" and bulk_loadable(IO_TYPES[key.io_dtype], key.head_k)
 
 
+def tma_loads(key) -> bool:
+    """Whether `key`'s kernel loads its q, k and g tiles by one TMA box each (`tile_intra.make_tma_tile`): bulk loads
+    whose padded rows fit a box (`tile_intra.tma_loadable`: K = 64, 128)."""
+    return (bulk_loads(key) and tma_loadable(cutlass.Float32, key.head_k)
+            and tma_loadable(IO_TYPES[key.io_dtype], key.head_k))
+
+
 class KdaIntra:
     """Aqk (io dtype) and L (fp32 workspace) for one (chunk, head) per CTA; see the module docstring."""
 
@@ -107,6 +115,7 @@ class KdaIntra:
         self.num_threads = 32 * key.config.warps
         self.safe_gate = key.safe_gate
         self.bulk = bulk_loads(key)
+        self.tma = tma_loads(key)
 
     @staticmethod
     def can_implement(key) -> bool:
@@ -124,15 +133,19 @@ class KdaIntra:
         tiled_mma = make_tf32_mma()
         copy_qk = make_row_copy(self.io, self.key.head_k, self.num_threads)
         copy_g = make_row_copy(cutlass.Float32, self.key.head_k, self.num_threads)
+        tma = None
+        if cutlass.const_expr(self.tma):
+            tma = (make_tma_tile(mQ, self.chunk, self.io), make_tma_tile(mK, self.chunk, self.io),
+                   make_tma_tile(mGk, self.chunk, cutlass.Float32))
         self.kernel(mQ, mK, mGk, mBeta, mAqk, mL, mCuSeqlens, scale, tiled_mma, copy_qk,
-                    copy_g).launch(grid=grid_shape(mGk, mCuSeqlens, self.chunk, self.varlen),
+                    copy_g, tma).launch(grid=grid_shape(mGk, mCuSeqlens, self.chunk, self.varlen),
                                    block=(self.num_threads, 1, 1), stream=stream)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mG: cute.Tensor, mBeta: cute.Tensor,
                mAqk: cute.Tensor, mL: cute.Tensor, mCuSeqlens: cute.Tensor,
                scale: cutlass.Float32, tiled_mma: cute.TiledMma, copy_qk: cute.TiledCopy,
-               copy_g: cute.TiledCopy):
+               copy_g: cute.TiledCopy, tma):
         tidx, _, _ = cute.arch.thread_idx()
         _, head, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -147,13 +160,17 @@ class KdaIntra:
         sG = storage.g.get_tensor(padded_tile_layout(f32, self.chunk, self.head_k))
         sBeta = storage.beta.get_tensor(cute.make_layout(self.chunk))
         if cutlass.const_expr(self.bulk):
-            init_bulk_mbar(storage.loads_mbar.data_ptr(), self.num_threads // 32)
+            init_bulk_mbar(storage.loads_mbar.data_ptr(), 1 if self.tma else self.num_threads // 32)
 
         if is_valid:
             gQ = chunk_rows(mQ, batch, qk_head(head, mQ, mG), row0, self.chunk)
             gK = chunk_rows(mK, batch, qk_head(head, mK, mG), row0, self.chunk)
             gG = chunk_rows(mG, batch, head, row0, self.chunk)
-            if cutlass.const_expr(self.bulk):
+            if cutlass.const_expr(self.tma):
+                q_head = qk_head(head, mQ, mG)
+                issue_tma_tiles([(tma[0], sQ, q_head), (tma[1], sK, q_head), (tma[2], sG, head)],
+                                storage.loads_mbar.data_ptr(), batch, row0)
+            elif cutlass.const_expr(self.bulk):
                 issue_bulk_rows([(gQ, sQ), (gK, sK), (gG, sG)], storage.loads_mbar.data_ptr(), warp_idx,
                                 self.num_threads // 32, valid_rows)
             else:

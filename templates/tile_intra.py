@@ -23,6 +23,7 @@ SUB = 16        # rows of one sub-block (the MMA M)
 MMA_K = 8       # head-dim step of one mma.sync m16n8k8
 PAD_BYTES = 16  # extra bytes per shared row: shifts consecutive rows by 4 banks
 BULK_GRANULE = 16  # bytes: the address and size unit of cp.async.bulk
+TMA_BOX_MAX = 256  # elements: the largest TMA box dimension
 # Diagonal-block reference shift (log2 units). Under the safe gate (per-token log-gate >= -5, i.e.
 # >= -5/ln 2 = -7.21 in log2) a 16-row block spans at most 15 * 7.21 = 108.2, so with r = g[16a] - 54
 # the A factor 2^(g_i - r) lies in [2^-54.2, 2^54] and the B factor 2^(r - g_j) in [2^-54, 2^54.2].
@@ -198,13 +199,64 @@ def issue_bulk_rows(tiles: cutlass.Constexpr, mbar_ptr: cute.Pointer, warp_idx: 
             bulk_load_rows(gX, sX, mbar_ptr, warp_idx, warps, valid_rows)
 
 
+def tma_loadable(dtype, cols: int) -> bool:
+    """Whether `make_tma_tile` can load a tile of [.., cols] rows of `dtype` into its padded shared tile: a
+    `bulk_loadable` row whose padded pitch fits one TMA box (K = 64, 128; not 256)."""
+    return bulk_loadable(dtype, cols) and padded_pitch(dtype, cols) <= TMA_BOX_MAX
+
+
+def make_tma_tile(mX: cute.Tensor, chunk: int, dtype):
+    """(TMA atom, TMA coordinate tensor) that load one (chunk, head) tile of the contiguous [B, T, H, D] tensor mX
+    straight into its padded shared tile (`padded_tile_layout`) with one instruction (`issue_tma_tiles`). The box is
+    chunk rows of padded_pitch(dtype, D) columns of mX viewed as [T, H * D, B] (host side: the descriptor is built at
+    launch): each row's D columns, then the pad's from the next head's row start (or zeros past the last head).
+    Nothing reads a tile's row pad, so those columns only cost the read."""
+    cols = cute.size(mX, mode=[3])
+    assert tma_loadable(dtype, cols), f"no TMA tile of {cols} {dtype} columns"
+    pitch = padded_pitch(dtype, cols)
+    rows = cute.make_tensor(mX.iterator, cute.make_layout((mX.shape[1], mX.shape[2] * cols, mX.shape[0]),
+                                                          stride=(mX.stride[1], 1, mX.stride[0])))
+    box = cute.make_layout((chunk, pitch), stride=(pitch, 1))
+    return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), rows, box, (chunk, pitch))
+
+
 @cute.jit
-def init_bulk_mbar(mbar_ptr: cute.Pointer, warps: cutlass.Constexpr):
-    """Initialize the bulk row loads' mbarrier at `mbar_ptr` for one arrival per warp (`issue_bulk_rows`) and make it
-    visible to the CTA (a CTA barrier); every thread calls it."""
+def issue_tma_tiles(pieces: cutlass.Constexpr, mbar_ptr: cute.Pointer, batch: cutlass.Int32, row0: cutlass.Int32,
+                    arrive: cutlass.Constexpr = True):
+    """The TMA loads of `pieces`, ((atom, coordinate tensor) of `make_tma_tile`, padded shared tile sX, head) each:
+    rows row0 .. row0 + chunk - 1 of that head of batch `batch` into sX, rows and pad (past the tensor's end, TMA
+    writes zeros). Warp 0 arms the mbarrier at `mbar_ptr` with every box's bytes (arriving unless `arrive` is False,
+    `issue_bulk_rows`' convention; the mbarrier counts one arrival, `init_bulk_mbar(.., 1)`) and issues them; the
+    other warps do nothing. Every row is loaded: rows >= valid_rows hold the next sequence's rows or zeros, which
+    nothing stores (as the stale rows of `load_rows`)."""
+    if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
+        box_bytes = 0
+        for (atom, _), sX, _ in pieces:
+            box_bytes += cute.size(sX, mode=[0]) * sX.stride[0] * sX.element_type.width // 8
+        with cute.arch.elect_one():
+            if cutlass.const_expr(arrive):
+                cute.arch.mbarrier_arrive_and_expect_tx(mbar_ptr, box_bytes)
+            else:
+                cute.arch.mbarrier_expect_tx(mbar_ptr, box_bytes)
+        for (atom, tiles), sX, head in pieces:
+            rows = cute.size(sX, mode=[0])
+            pitch = sX.stride[0]
+            sBox = cute.make_tensor(sX.iterator, cute.make_layout((rows, pitch), stride=(pitch, 1)))
+            gBox = cute.local_tile(cute.domain_offset((row0, head * cute.size(sX, mode=[1])), tiles[None, None, batch]),
+                                   (rows, pitch), (0, 0))
+            tXs, tXg = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sBox, 0, 2),
+                                             cute.group_modes(gBox, 0, 2))
+            cute.copy(atom, tXg, tXs, tma_bar_ptr=mbar_ptr)
+
+
+@cute.jit
+def init_bulk_mbar(mbar_ptr: cute.Pointer, arrivals: cutlass.Constexpr):
+    """Initialize the bulk loads' mbarrier at `mbar_ptr` for `arrivals` arrivals per phase (the CTA's warps for
+    `issue_bulk_rows`, 1 for `issue_tma_tiles`) and make it visible to the CTA (a CTA barrier); every thread calls
+    it."""
     if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
         with cute.arch.elect_one():
-            cute.arch.mbarrier_init(mbar_ptr, warps)
+            cute.arch.mbarrier_init(mbar_ptr, arrivals)
     cute.arch.mbarrier_init_fence()
     cute.arch.sync_threads()
 
