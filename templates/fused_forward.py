@@ -7,8 +7,9 @@ operands live changes: L and Akk never leave the CTA, and k, g are read from HBM
 
 Per tile (4 warps, 128 threads; the phases run one after another, separated by CTA barriers):
 1. loads (`load_tile`): q, k (io dtype), g (fp32) rows into padded shared tiles, completing on an mbarrier that
-   every thread waits on (`bulk_loads`): at K = 64, 128 each tile is one TMA box, rows and row pad, issued by one
-   thread (`tma_loads`, `tile_intra.make_tma_tile`; rows >= v hold the next sequence's rows or zeros); at K = 256
+   every thread waits on (`loads_of`, `tile_intra.load_path`): at K = 64, 128 each tile is one TMA box, rows and
+   row pad, issued by one thread (`tile_intra.make_tma_tile`; rows >= v hold the next sequence's rows or zeros); at
+   K = 256
    one cp.async.bulk per row < v (each warp's elected thread arms the mbarrier with its rows' bytes and issues their
    copies). Padded head sizes (60, 100, ...) load rows < v by 16-byte cp.async (8-byte pieces for 16-bit rows at
    60 or 100); beta into a register, converted to fp32
@@ -23,7 +24,7 @@ Per tile (4 warps, 128 threads; the phases run one after another, separated by C
    `gate_row` from k, g, q in shared memory, v in registers and beta from the shared vector: Kp, Vp
    -> shared B tiles, KG (QG) -> global; then W, U (`products_w_u`) -> global.
 The standalone recompute reads the rounded Akk that step 3 stores; here the same values come from
-shared memory, so the A operand is bit-identical. Rows >= v hold values (clamped or unwritten) that are
+shared memory, so the A operand is bit-identical. Rows >= v hold values (clamped, unwritten or loaded) that are
 replaced by zero with a select or never stored, exactly as in the standalone kernels.
 
 With 8 warps (`FusedConfig.warps`, no QG, loads_ahead 0; `two_group_tile`) the same phases run on two
@@ -49,9 +50,9 @@ Scheduling (`FusedConfig`): one tile per CTA on the standalone grid (templates/c
 persistent CTAs walking tile indices with a static stride (tile = blockIdx.x, += gridDim.x), each
 index mapped to (chunk, head, batch) in the configured raster order and then to rows by the same
 `chunk_coords` as the standalone kernels (dense and varlen; a varlen tile finds its sequence in
-cu_seqlens). With loads_ahead=0 each warp issues the next tile's loads once it has issued its own W/U
-stores of the current tile (the q, k, g buffers were last read before the barrier that follows the
-gate rows), then waits for them. With loads_ahead=1 the next tile's loads are issued into
+cu_seqlens). With loads_ahead=0 each warp issues the next tile's loads (its rows; with TMA loads warp 0 all
+of them) once it has issued its own W/U stores of the current tile (the q, k, g buffers were last read before
+the barrier that follows the gate rows), then waits for them. With loads_ahead=1 the next tile's loads are issued into
 buffers as soon as the current tile has finished reading them: q right after the intra phase (when
 QG is off; with QG, gate_row still reads q), k, g, v (registers) and beta (a register, written to
 shared memory once the tile's loads have landed) right after the gate rows, so they stream in
@@ -76,9 +77,9 @@ from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, LOADS_AHEAD, RAS
                          FusedForwardKey, head_dim_supported, padded_head_dim)
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
                                     make_struct, make_tf32_mma, qk_head, sync_group)
-from kdajit.templates.tile_intra import (beta_row, bulk_loadable, init_bulk_mbar, intra_tile, issue_bulk_rows,
-                                         issue_tma_tiles, load_rows, make_row_copy, make_tma_tile, padded_pitch,
-                                         padded_tile_layout, tma_loadable, warp_schedule)
+from kdajit.templates.tile_intra import (beta_row, init_bulk_mbar, intra_tile, issue_bulk_rows, issue_tma_tiles,
+                                         load_path, load_rows, make_row_copy, make_tma_tile, padded_pitch,
+                                         padded_tile_layout, warp_schedule)
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_elements, l_tile_layout,
                                            make_akk_store_copy, make_l_load_copy, store_akk_rows, x00_layout,
                                            zero_rows_from)
@@ -135,20 +136,12 @@ def fused_smem_struct(chunk: int, head_k: int, head_v: int, io, bulk: bool = Fal
 def smem_bytes(key: FusedForwardKey) -> int:
     """Shared memory of one CTA of `key`'s kernel (the module docstring states it)."""
     return fused_smem_struct(key.chunk, padded_head_dim(key.head_k), padded_head_dim(key.head_v),
-                             IO_TYPES[key.io_dtype], bulk_loads(key))[0].__sizeof__()
+                             IO_TYPES[key.io_dtype], loads_of(key) != "cp.async")[0].__sizeof__()
 
 
-def bulk_loads(key: FusedForwardKey) -> bool:
-    """Whether `key`'s kernel loads q, k and g rows by cp.async.bulk (one per row, issued by one thread per warp,
-    completing on an mbarrier) rather than by cp.async from every thread: wherever `bulk_loadable` allows it for the
-    16-bit rows (K = 64, 128, 256), and so for the g rows too."""
-    return bulk_loadable(IO_TYPES[key.io_dtype], key.head_k)
-
-
-def tma_loads(key: FusedForwardKey) -> bool:
-    """Whether `key`'s kernel loads its q, k and g tiles by one TMA box each (`tile_intra.make_tma_tile`, issued by
-    one thread) rather than by bulk row copies: where the padded rows fit a box (`tma_loadable`: K = 64, 128)."""
-    return tma_loadable(cutlass.Float32, key.head_k) and tma_loadable(IO_TYPES[key.io_dtype], key.head_k)
+def loads_of(key: FusedForwardKey) -> str:
+    """How `key`'s kernel loads its q, k, g tiles (`tile_intra.load_path`: "tma", "bulk" or "cp.async")."""
+    return load_path(key.arch, IO_TYPES[key.io_dtype], key.head_k)
 
 
 def resident_ctas(key: FusedForwardKey) -> int:
@@ -172,8 +165,8 @@ class FusedForward:
         self.varlen = key.varlen != "dense"
         self.config = key.config
         self.num_threads = 32 * key.config.warps
-        self.bulk = bulk_loads(key)
-        self.tma = tma_loads(key)
+        self.bulk = loads_of(key) != "cp.async"  # the mbarrier paths: TMA boxes or bulk row copies
+        self.tma = loads_of(key) == "tma"
         # Measurement only (benchmarks/fused_phases.py): a kernel that leaves phases out computes
         # garbage and is never built from a key, so it never reaches the cache.
         self.phases = PHASES
@@ -221,8 +214,7 @@ class FusedForward:
         self.smem_struct, self.inverse_work, self.recompute_work = smem_struct, inverse_work, recompute_work
         tma = None
         if cutlass.const_expr(self.tma):
-            tma = (make_tma_tile(mQ, self.chunk, self.io), make_tma_tile(mK, self.chunk, self.io),
-                   make_tma_tile(mGk, self.chunk, f32))
+            tma = (make_tma_tile(mQ, self.chunk), make_tma_tile(mK, self.chunk), make_tma_tile(mGk, self.chunk))
         self.kernel(mQ, mK, mV, mGk, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, scale, tma,
                     tiles[0], make_tf32_mma(), make_row_copy(self.io, self.key.head_k, self.num_threads),
                     make_row_copy(f32, self.key.head_k, self.num_threads),
@@ -338,7 +330,8 @@ class FusedForward:
                   rV: cute.Tensor, rBeta: cute.Tensor, parts: cutlass.Constexpr, mbar: cutlass.Constexpr):
         """Issue a tile's loads without waiting: q, k, g rows < rows into shared memory, v rows into rV, this
         thread's beta (unconverted) into rBeta. `parts`: "all", "q" (only q) or "rest" (all but q). The shared rows
-        go by cp.async (one commit group) or, with `mbar` (the mbarrier of `bulk_loads`), by `issue_bulk_rows`."""
+        go by cp.async (one commit group; `mbar` None) or, with `mbar` = (the mbarrier, the TMA tiles or None), by
+        `issue_tma_tiles` or `issue_bulk_rows` (`loads_of`)."""
         mQ, mK, mV, mG, mBeta = tensors[:5]
         sQ, sK, sG = smem[:3]
         copy_qk, copy_g = ops[1], ops[2]
@@ -380,8 +373,8 @@ class FusedForward:
                      valid_rows: cutlass.Int32, rV: cute.Tensor, rBeta: cute.Tensor, mbar: cutlass.Constexpr,
                      phase: cutlass.Int32, next_tile: cutlass.Constexpr = None):
         """Phases 2-4 of the module docstring for a tile whose loads (`load_tile`) are in flight, by one
-        group of 4 warps or, with 8 warps, by two (`two_group_tile`). `mbar`, `phase`: the bulk loads' mbarrier
-        (None with cp.async) and the phase this tile's loads complete."""
+        group of 4 warps or, with 8 warps, by two (`two_group_tile`). `mbar`, `phase`: `load_tile`'s `mbar` (None
+        with cp.async) and the mbarrier phase this tile's loads complete."""
         landed = (mbar, phase)
         if cutlass.const_expr(self.config.warps == 8):
             self.two_group_tile(tensors, smem, ops, scale, batch, head, row0, valid_rows, rV, rBeta, landed)

@@ -67,9 +67,9 @@ from cutlass.memory import SmemAllocator
 from kdajit.keys import ARCHS, CHUNK_SIZES, VARLEN_MODES, IntraKey, head_dim_supported, padded_head_dim
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
                                     make_struct, make_tf32_mma, qk_head)
-from kdajit.templates.tile_intra import (NUM_WARPS, bulk_loadable, init_bulk_mbar, intra_tile, issue_bulk_rows,
-                                         issue_tma_tiles, load_beta, load_rows, make_row_copy, make_tma_tile,
-                                         padded_pitch, padded_tile_layout, tma_loadable, warp_schedule)
+from kdajit.templates.tile_intra import (NUM_WARPS, init_bulk_mbar, intra_tile, issue_bulk_rows, issue_tma_tiles,
+                                         load_beta, load_path, load_rows, make_row_copy, make_tma_tile, padded_pitch,
+                                         padded_tile_layout, warp_schedule)
 
 
 def intra_smem_struct(chunk: int, head_k: int, io, bulk: bool = False):
@@ -87,20 +87,12 @@ def intra_smem_struct(chunk: int, head_k: int, io, bulk: bool = False):
 def smem_bytes(key) -> int:
     """Shared memory of one CTA of `key`'s kernel (the module docstring states it)."""
     return intra_smem_struct(key.chunk, padded_head_dim(key.head_k), IO_TYPES[key.io_dtype],
-                             bulk_loads(key)).__sizeof__()
+                             loads_of(key) != "cp.async").__sizeof__()
 
 
-def bulk_loads(key) -> bool:
-    """Whether `key`'s kernel loads q, k, g rows by cp.async.bulk (`tile_intra.issue_bulk_rows`): on the archs
-    that have it (sm_90 on), where `tile_intra.bulk_loadable` allows it (K = 64, 128, 256)."""
-    return key.arch != "sm_80" and bulk_loadable(IO_TYPES[key.io_dtype], key.head_k)
-
-
-def tma_loads(key) -> bool:
-    """Whether `key`'s kernel loads its q, k and g tiles by one TMA box each (`tile_intra.make_tma_tile`): bulk loads
-    whose padded rows fit a box (`tile_intra.tma_loadable`: K = 64, 128)."""
-    return (bulk_loads(key) and tma_loadable(cutlass.Float32, key.head_k)
-            and tma_loadable(IO_TYPES[key.io_dtype], key.head_k))
+def loads_of(key) -> str:
+    """How `key`'s kernel loads its q, k, g tiles (`tile_intra.load_path`: "tma", "bulk" or "cp.async")."""
+    return load_path(key.arch, IO_TYPES[key.io_dtype], key.head_k)
 
 
 class KdaIntra:
@@ -114,8 +106,8 @@ class KdaIntra:
         self.varlen = key.varlen != "dense"
         self.num_threads = 32 * key.config.warps
         self.safe_gate = key.safe_gate
-        self.bulk = bulk_loads(key)
-        self.tma = tma_loads(key)
+        self.bulk = loads_of(key) != "cp.async"  # the mbarrier paths: TMA boxes or bulk row copies
+        self.tma = loads_of(key) == "tma"
 
     @staticmethod
     def can_implement(key) -> bool:
@@ -135,8 +127,7 @@ class KdaIntra:
         copy_g = make_row_copy(cutlass.Float32, self.key.head_k, self.num_threads)
         tma = None
         if cutlass.const_expr(self.tma):
-            tma = (make_tma_tile(mQ, self.chunk, self.io), make_tma_tile(mK, self.chunk, self.io),
-                   make_tma_tile(mGk, self.chunk, cutlass.Float32))
+            tma = (make_tma_tile(mQ, self.chunk), make_tma_tile(mK, self.chunk), make_tma_tile(mGk, self.chunk))
         self.kernel(mQ, mK, mGk, mBeta, mAqk, mL, mCuSeqlens, scale, tiled_mma, copy_qk,
                     copy_g, tma).launch(grid=grid_shape(mGk, mCuSeqlens, self.chunk, self.varlen),
                                    block=(self.num_threads, 1, 1), stream=stream)

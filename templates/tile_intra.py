@@ -205,15 +205,27 @@ def tma_loadable(dtype, cols: int) -> bool:
     return bulk_loadable(dtype, cols) and padded_pitch(dtype, cols) <= TMA_BOX_MAX
 
 
-def make_tma_tile(mX: cute.Tensor, chunk: int, dtype):
+def load_path(arch: str, io, head_k: int) -> str:
+    """How a kernel for `arch` loads its q, k (`io`, 16-bit) and g (fp32) tiles of head size `head_k`: "tma" (one TMA
+    box per tile, `issue_tma_tiles`) where both padded pitches fit a box (K = 64, 128); "bulk" (one cp.async.bulk per
+    row, `issue_bulk_rows`) at the other unpadded sizes (K = 256); "cp.async" (`load_rows`) on sm_80 and at padded
+    sizes (60, 96, 100, ...). Both mbarrier paths need sm_90 on."""
+    if arch == "sm_80" or not bulk_loadable(io, head_k):
+        return "cp.async"
+    if tma_loadable(io, head_k) and tma_loadable(cutlass.Float32, head_k):
+        return "tma"
+    return "bulk"
+
+
+def make_tma_tile(mX: cute.Tensor, chunk: int):
     """(TMA atom, TMA coordinate tensor) that load one (chunk, head) tile of the contiguous [B, T, H, D] tensor mX
     straight into its padded shared tile (`padded_tile_layout`) with one instruction (`issue_tma_tiles`). The box is
     chunk rows of padded_pitch(dtype, D) columns of mX viewed as [T, H * D, B] (host side: the descriptor is built at
     launch): each row's D columns, then the pad's from the next head's row start (or zeros past the last head).
     Nothing reads a tile's row pad, so those columns only cost the read."""
     cols = cute.size(mX, mode=[3])
-    assert tma_loadable(dtype, cols), f"no TMA tile of {cols} {dtype} columns"
-    pitch = padded_pitch(dtype, cols)
+    assert tma_loadable(mX.element_type, cols), f"no TMA tile of {cols} {mX.element_type} columns"
+    pitch = padded_pitch(mX.element_type, cols)
     rows = cute.make_tensor(mX.iterator, cute.make_layout((mX.shape[1], mX.shape[2] * cols, mX.shape[0]),
                                                           stride=(mX.stride[1], 1, mX.stride[0])))
     box = cute.make_layout((chunk, pitch), stride=(pitch, 1))
@@ -389,9 +401,10 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
     # ///////////////////////////////////////////////////////////////////////////////
     #  MAINLOOP: one accumulator chain per 16x8 tile over d, ascending
     # ///////////////////////////////////////////////////////////////////////////////
-    # Rows >= valid_rows of the shared tiles hold whatever was there (they are never loaded) and enter the
-    # products unmasked: an A row i only reaches output row i, which is not stored, and a B column j >= valid_rows
-    # only reaches output column j > i of a valid row i, in a diagonal block, where the epilogue's select puts 0.
+    # Rows >= valid_rows of the shared tiles hold whatever was there (unwritten, or with TMA loads the next sequence's
+    # rows or zeros) and enter the products unmasked: an A row i only reaches output row i, which is not stored, and
+    # a B column j >= valid_rows only reaches output column j > i of a valid row i, in a diagonal block, where the
+    # epilogue's select puts 0.
     exact = cutlass.const_expr(exact_unroll > 0)
     rArgMin = cute.make_rmem_tensor(tAsG[None, None, 0].shape, cutlass.Float32)  # exact: min over d of A's exponent
     rArgMin.fill(DIAG_SHIFT)
@@ -467,7 +480,7 @@ def exact_rows(sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor, a: cutlass.Int
     """Diagonal block (a, a) of the any-gate path, after the 3xTF32 mainloop: replace the sums of the rows past
     FAST_SPREAD (rArgMin: this lane's minimum over its d of A's exponent g[i, d] - g[16a, d] + DIAG_SHIFT, per A
     fragment element; NaN if one was) by `exact_diagonal`'s. The warp runs `exact_diagonal` only when one of its rows
-    needs it (rows >= valid_rows, whatever their stale values say, count too: they are never stored)."""
+    needs it (rows >= valid_rows, whatever their values say, count too: they are never stored)."""
     f32 = cutlass.Float32
     # (row, d) of rArgMin's elements in lane 0's fragment: the row half of an element is the same in every lane
     cA = tiled_mma.get_slice(0).partition_A(cute.make_identity_tensor((SUB, MMA_K)))[None, None, 0]
