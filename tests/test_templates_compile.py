@@ -139,3 +139,18 @@ def test_shared_memory_layouts_are_the_documented_bytes(template):
     doc = " ".join(module.__doc__.split())  # a number and its unit may sit on two lines
     assert f"{module.smem_bytes(key):,} B" in doc or f"{module.smem_bytes(key):,} bytes" in doc, (
         template, module.smem_bytes(key))
+
+
+def test_load_paths_by_head_size_and_arch():
+    """q, k, g tiles load by one TMA box where the padded rows fit a box, by one bulk copy per row at the other
+    unpadded sizes, and by cp.async at padded sizes (whose tiles need zeroed columns) and on sm_80 (no bulk copies)."""
+    import cutlass
+
+    from kdajit.templates.tile_intra import load_path
+
+    want = {64: "tma", 128: "tma", 256: "bulk", 4: "cp.async", 60: "cp.async", 96: "cp.async", 100: "cp.async",
+            252: "cp.async"}
+    for io in (cutlass.BFloat16, cutlass.Float16):
+        assert {k: load_path("sm_90a", io, k) for k in want} == want
+        assert {load_path("sm_80", io, k) for k in want} == {"cp.async"}
+        assert load_path("sm_100a", io, 128) == "tma"
