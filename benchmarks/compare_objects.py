@@ -1,6 +1,6 @@
 """Are two builds of the fused kernel bit-identical? Run each pair of exported full kernels on the same inputs.
 
-    python benchmarks/compare_objects.py DIR_A DIR_B --kv 100 [--gate any]     (GPU)
+    python benchmarks/compare_objects.py DIR_A DIR_B --kv 100 [--gate any] [--reference CONFIG]     (GPU)
 
 DIR_A and DIR_B hold objects written by `benchmarks/fused_phases.py --export` (e.g. one from an earlier commit's
 tree through `benchmarks/other_tree.py`, one from this tree); every `CONFIG.all.o` (the whole kernel) present in
@@ -8,7 +8,9 @@ both is launched on the same random inputs of each of SHAPES (B=2, T=1000 with a
 B=1, T=50, H=1: a tile smaller than a chunk in rows and a single head; safe gates, or with `--gate any` FLA's
 logsigmoid x 10 gates, a quarter of them exactly 0), each into outputs poisoned with NaN, and every output is
 compared bit for bit. For a change meant to keep the bits (docs/numerics.md) whose PTX differs, so
-that comparing PTX on the CPU cannot settle it. Exit status 1 if any output differs.
+that comparing PTX on the CPU cannot settle it. With `--reference CONFIG`, every object of DIR_B is compared with
+DIR_A's `CONFIG.all.o` instead (a configuration DIR_A's tree cannot build, against one it can). Exit status 1 if
+any output differs.
 """
 from __future__ import annotations
 
@@ -47,19 +49,25 @@ def main(argv=None) -> int:
     parser.add_argument("dir_b")
     parser.add_argument("--kv", type=int, default=128, help="head size K = V the objects were exported with")
     parser.add_argument("--gate", choices=("safe", "any"), default="safe", help="the objects' gate path")
+    parser.add_argument("--reference", metavar="CONFIG", help="compare every object of DIR_B with DIR_A's CONFIG.all.o")
     args = parser.parse_args(argv)
     import torch
 
-    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(args.dir_a, "*.all.o"))
-                   if os.path.exists(os.path.join(args.dir_b, os.path.basename(p))))
-    if not names:
-        raise SystemExit(f"no CONFIG.all.o in both {args.dir_a} and {args.dir_b}")
+    if args.reference:
+        pairs = [(os.path.join(args.dir_a, args.reference + ".all.o"), p)
+                 for p in sorted(glob.glob(os.path.join(args.dir_b, "*.all.o")))]
+    else:
+        pairs = [(p, os.path.join(args.dir_b, os.path.basename(p)))
+                 for p in sorted(glob.glob(os.path.join(args.dir_a, "*.all.o")))]
+    pairs = [(a, b) for a, b in pairs if os.path.exists(a) and os.path.exists(b)]
+    if not pairs:
+        raise SystemExit(f"no CONFIG.all.o to compare in {args.dir_a} and {args.dir_b}")
     differs = False
     print("| object | B, T, H | " + " | ".join(OUTPUTS) + " |\n|---|---|" + "---|" * len(OUTPUTS))
-    for name in names:
+    for path_a, path_b in pairs:
+        name = os.path.basename(path_b)
         for shape in SHAPES:
-            a, b = (run_object(os.path.join(d, name), args.kv, args.gate == "any", shape)
-                    for d in (args.dir_a, args.dir_b))
+            a, b = (run_object(path, args.kv, args.gate == "any", shape) for path in (path_a, path_b))
             cells = []
             for x, y in zip(a, b):
                 same = torch.equal(x.view(torch.int16), y.view(torch.int16))

@@ -69,13 +69,14 @@ stage() {  # stage NAME SECONDS CMD...: run CMD with a time limit, log to $out/N
   echo "== $name: rc=$rc in $((SECONDS - t0)) s"; tail -n 25 "$out/$name.log"
   [[ $rc -eq 0 ]] || status=$rc
 }
-compare_sets() {  # compare_sets BASE_DIR OTHER_DIR PREFIX: compare_objects.py on every kvK-GATE set of BASE_DIR
+compare_sets() {  # compare_sets BASE_DIR OTHER_DIR PREFIX [REFERENCE]: compare_objects.py on every kvK-GATE set of
+  # BASE_DIR (with REFERENCE, each OTHER object against BASE's REFERENCE.all.o)
   local set_dir name kv_gate
   for set_dir in "$1"/kv*/; do
     [[ -d "$set_dir" ]] || continue
     name=$(basename "$set_dir"); kv_gate=${name#kv}
     stage "$3_$name" 120 python3 benchmarks/compare_objects.py "$set_dir" "$2/$name" --kv "${kv_gate%-*}" \
-      --gate "${kv_gate#*-}"
+      --gate "${kv_gate#*-}" ${4:+--reference "$4"}
   done
 }
 run_stage() {
@@ -132,7 +133,8 @@ run_stage() {
       compare_sets /tmp/precompiled/compare/base /tmp/precompiled/compare/head compare ;;
     extra)  # experiments' objects under the tarball's extra/EXP/ (exported from other trees with other_tree.py):
       # EXP/phases/ (safe gate, K = 128) and EXP/phases-kvK/ (head size K) timed with fused_phases,
-      # EXP/compare/main/kvK-GATE/ against EXP/compare/EXP/kvK-GATE/ bit for bit (compare_objects.py)
+      # EXP/compare/main/kvK-GATE/ against EXP/compare/EXP/kvK-GATE/ bit for bit (compare_objects.py; if the file
+      # EXP/compare/reference names a configuration, each EXP object against main's object of it)
       for exp in ${EXTRA_EXPS:-$(ls /tmp/precompiled/extra)}; do
         exp_dir=/tmp/precompiled/extra/$exp/
         [[ -d "$exp_dir" ]] || { echo "== extra: no $exp_dir in the tarball"; status=2; continue; }
@@ -141,7 +143,8 @@ run_stage() {
           name=$(basename "$phases_dir"); kv=${name#phases}; kv=${kv#-kv}
           stage "extra_${exp}_$name" 120 python3 benchmarks/fused_phases.py --objects "$phases_dir" --kv "${kv:-128}"
         done
-        compare_sets "${exp_dir}compare/main" "${exp_dir}compare/$exp" "extra_${exp}_compare"
+        compare_sets "${exp_dir}compare/main" "${exp_dir}compare/$exp" "extra_${exp}_compare" \
+          "$(cat "${exp_dir}compare/reference" 2>/dev/null)"
       done ;;
     dslfree)  # a cached fused kernel linked into a shared library and run through TVM-FFI alone (no DSL import)
       stage dslfree 90 python3 benchmarks/dsl_free_load.py --json "$out/dsl_free.json" ;;
