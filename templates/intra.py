@@ -26,7 +26,8 @@ Arithmetic order (fixes the bits; see docs/numerics.md):
   - the fp32 operand bits feed the TF32 MMA unchanged (no cvt.rna): the tensor core ignores the
     low 13 mantissa bits, as in FLA's Triton kernels and cuLA.
   - mma.sync m16n8k8 tf32 with fp32 accumulate, one accumulator chain per 16x8 output tile over
-    d = 0..K-1 in ascending steps of 8.
+    d = 0..K-1 in ascending steps of 8; inside a step, k-position c + 4t holds column 2c + t
+    (`tile_intra.mma_step_order`).
   - then times scale (Aqk) or beta_i (L, beta as fp32), then the triangular mask (select), then
     RN to the io dtype (Aqk) or stored as fp32 (L).
 

@@ -373,21 +373,23 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
     thr_mma = tiled_mma.get_slice(lane)
     sub = (SUB, head_k)
 
-    # g[16a, d] for every (row, d) of a 16-row block: a stride-0 view of the block's first row.
+    # The mainloop's views of the tiles in MMA step order (`mma_step_order`); `exact_diagonal` reads the tiles as
+    # they are. g[16a, d] for every (row, d) of a 16-row block: a stride-0 view of the block's first row.
+    pQ, pK, pG = mma_step_order(sQ), mma_step_order(sK), mma_step_order(sG)
     sRef = cute.make_tensor(cute.domain_offset((SUB * a, 0), sG).iterator,
-                            cute.make_layout(sub, stride=(0, 1)))
+                            cute.make_layout((SUB, pG.shape[1]), stride=(0, pG.stride[1])))
 
     # A side: rows of block a, shared by every column block of the group.
-    tAsQ = thr_mma.partition_A(cute.local_tile(sQ, sub, (a, 0)))
-    tAsK = thr_mma.partition_A(cute.local_tile(sK, sub, (a, 0)))
-    tAsG = thr_mma.partition_A(cute.local_tile(sG, sub, (a, 0)))
+    tAsQ = thr_mma.partition_A(cute.local_tile(pQ, sub, (a, 0)))
+    tAsK = thr_mma.partition_A(cute.local_tile(pK, sub, (a, 0)))
+    tAsG = thr_mma.partition_A(cute.local_tile(pG, sub, (a, 0)))
     tAsRef = thr_mma.partition_A(sRef)
     rQA = cute.make_rmem_tensor(tAsG[None, None, 0].shape, cutlass.Float32)
     rKA = cute.make_rmem_tensor(tAsG[None, None, 0].shape, cutlass.Float32)
 
     # B side: per column block, the columns (k rows) of block b with the same reference.
-    tBsK = [thr_mma.partition_B(cute.local_tile(sK, sub, (b, 0))) for b in col_blocks]
-    tBsG = [thr_mma.partition_B(cute.local_tile(sG, sub, (b, 0))) for b in col_blocks]
+    tBsK = [thr_mma.partition_B(cute.local_tile(pK, sub, (b, 0))) for b in col_blocks]
+    tBsG = [thr_mma.partition_B(cute.local_tile(pG, sub, (b, 0))) for b in col_blocks]
     tBsRef = thr_mma.partition_B(sRef)
     rKB = cute.make_rmem_tensor(tBsG[0][None, None, 0].shape, cutlass.Float32)
 
@@ -471,6 +473,15 @@ def sticky_min(x, m, select=cutlass.select_):
     """min(x, m) in which a NaN x wins and a NaN m stays (scalars, or TensorSSA values with `select=cute.where`): a
     NaN exponent makes its row slow (`exact_rows`)."""
     return select((x < m) | (x != x), x, m)
+
+
+def mma_step_order(t: cute.Tensor) -> cute.Tensor:
+    """A [rows, cols] shared tile (row-major) seen with each MMA_K-column step in the TF32 fragments' order: position
+    c + 4s of a step holds column 2c + s. A lane's fragment holds positions c and c + 4 of a step (rows r and r + 8 of
+    A; one row of B), so its two columns are adjacent in memory and a fragment's `load` reads them in one access."""
+    steps = cute.size(t, mode=[1]) // MMA_K
+    return cute.make_tensor(t.iterator, cute.make_layout((cute.size(t, mode=[0]), ((4, 2), steps)),
+                                                         stride=(t.stride[0], ((2, 1), MMA_K))))
 
 
 @cute.jit
