@@ -70,6 +70,10 @@ for qg_config in "on --config $persistent_c1" "off --config $tile_w8"; do
     "$config"
   precompile_chunk 32 --io fp16 --beta fp16 --kv 64 --varlen dense,cu32 --qg "$qg" --config ref "$flag" "$config"
 done
+# forward's untuned configuration at K = V = 128 without QG (keys.UNTUNED_FULL_SIZE_CONFIGS), for the coverage,
+# grouped-head and any-gate tests' forward calls at that size
+precompile --only fused_forward --io bf16 --beta bf16,fp32 --kv 128 --varlen dense,cu32,cu64 --qg off
+precompile --only fused_forward --io fp16 --beta fp16 --kv 128 --varlen dense,cu32,cu64 --qg off
 # ... and its padded head sizes (K = 60, 100; K != V: 100 x 60, 100 x 128, 64 x 60, 4 x 252, 252 x 4), the same
 # configurations; the coverage bench's K = 60 / 100 rows are bf16 dense without QG
 for qg_config in "on --config $persistent_c1" "off --config $tile_w8"; do

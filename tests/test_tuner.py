@@ -492,12 +492,17 @@ def test_forward_falls_back_to_the_reference_when_its_configuration_is_not_cache
     assert tuner.config_for(SPEC, 0, SHAPE.tokens, SHAPE.heads, 1, None, None) == REF  # remembered
 
 
-def test_untuned_configuration_is_8_warps_only_where_measured_faster():
-    assert UNTUNED == FusedConfig(warps=8) and UNTUNED in FUSED_CONFIG_SPACE
+def test_untuned_configuration_is_what_measured_fastest_per_size():
+    persistent_early, w8 = FusedConfig(True, 2, "head", 1), FusedConfig(warps=8)
+    assert UNTUNED == persistent_early and UNTUNED in FUSED_CONFIG_SPACE and w8 in FUSED_CONFIG_SPACE
     assert SPEC.fused_key(UNTUNED) in SPEC.kernel_keys() and SPEC.fused_key(REF) in SPEC.kernel_keys()
     k64, k256 = (dataclasses.replace(SPEC, head_k=n, head_v=n) for n in (64, 256))
     expected = {VARLEN_SPEC: REF, k64: REF, dataclasses.replace(k64, output_qg=True): REF,  # QG: no 8-warp build
-                k256: UNTUNED, dataclasses.replace(k256, output_qg=True): None,  # None: the standalone kernels
+                dataclasses.replace(SPEC, safe_gate=False): persistent_early,  # K = V = 128: one TMA box per tile
+                dataclasses.replace(SPEC, io_dtype="fp16", beta_dtype="fp16", varlen="cu64"): persistent_early,
+                dataclasses.replace(SPEC, head_v=256): w8,  # K != V: two persistent CTAs per SM do not fit
+                dataclasses.replace(SPEC, head_k=100, head_v=100): w8,  # a padded size of the 128 tile
+                k256: w8, dataclasses.replace(k256, output_qg=True): None,  # None: the standalone kernels
                 dataclasses.replace(SPEC, chunk=32): REF}  # chunk 32: the reference measured faster
     for spec, config in expected.items():
         assert spec.untuned_fused_config == config, spec
