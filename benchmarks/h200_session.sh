@@ -8,10 +8,10 @@
 # (fused-kernel GPU tests), bench (bench_forward, every row, with --plot),
 # benchmain (the two main rows, every fused configuration; BENCH_ROWS, BENCH_CONFIGS, BENCH_LIMIT), benchcov
 # (the coverage rows, tile configurations), phases (fused_phases, objects from the
-# tarball), phasespad (the K = 60 / 64 / 100 phase variants), compare (COMPARE_BASE's fused kernels against this
+# tarball; PHASES_ONLY narrows them to CONFIG.VARIANT,...), phasespad (the K = 60 / 64 / 100 phase variants), compare (COMPARE_BASE's fused kernels against this
 # tree's, bit for bit; benchmarks/compare_objects.py), extra (experiments' objects from other trees under
 # .gpu-cache/extra/: phases and bit comparisons; EXTRA_EXPS names some of them, in order), phasesany (fused_phases --gate any on each object directory
-# under the tarball's pany/), dslfree
+# under the tarball's pany/; PANY_DIRS, PANY_SCALES narrow it), dslfree
 # (benchmarks/dsl_free_load.py), host (bench_host), tune (kdajit tune at the two
 # tuning-evidence shapes), fla (FLA-backend GPU tests and bench), flabench (bench_fla_backend alone),
 # stress (determinism replays), stressnoqg (replays without QG, forward's tile-w8 route), stressrest (stress but the bf16 run), stress10m_fla (the 10M run beside
@@ -114,12 +114,14 @@ run_stage() {
       stage benchcov "${BENCH_LIMIT:-150}" python3 benchmarks/bench_forward.py --rows coverage --configs tile,tile-w8 \
         --json "$out/benchcov.json" ;;
     phases)
-      stage phases 240 python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases --json "$out/phases.json" ;;
+      stage phases 240 python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases ${PHASES_ONLY:+--only $PHASES_ONLY} \
+        --json "$out/phases.json" ;;
     phasesany)  # the any-gate variants of every object directory under the tarball's pany/ (h200_precompile.sh
       # exports this tree's as pany/head; an experiment adds its own beside it)
       for dir in /tmp/precompiled/pany/*/; do
         name=$(basename "$dir")
-        for scale in 1 10; do  # FLA's logsigmoid gates x 1 (every diagonal row fast) and x 10 (about half)
+        [[ -z "${PANY_DIRS:-}" || " $PANY_DIRS " == *" $name "* ]] || continue
+        for scale in ${PANY_SCALES:-1 10}; do  # FLA's logsigmoid gates x 1 (every diagonal row fast) and x 10 (about half)
           stage "phasesany_${name}_x$scale" 120 python3 benchmarks/fused_phases.py --objects "$dir" --gate any \
             --gate-scale $scale --json "$out/phasesany_${name}_x$scale.json"
         done
