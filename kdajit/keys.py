@@ -133,12 +133,14 @@ FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
 # (docs/reliability.md, benchmarks/racecheck_probe.py).
 UNTUNED_FUSED_CONFIGS = {(64, 128, False): FusedConfig(warps=8), (64, 256, False): FusedConfig(warps=8),
                          (64, 256, True): None}
-# ... except where K = V is exactly the entry's head size: there each q, k, g tile is one TMA box, and the persistent
-# 4-warp configuration that issues the next tile's loads early is the fastest (H200, 2026-12-05, B=2 T=8192 H=64,
-# K = V = 128 without QG: persistent-c2-head-a1 0.848 ms against tile-w8's 0.949, safe gate; 0.990 against 1.032,
-# any gate). K != V and padded sizes keep the entry above (a persistent grid of 2 CTAs per SM does not fit every
-# K != V pair, and padded tiles load by cp.async).
-UNTUNED_FULL_SIZE_CONFIGS = {(64, 128, False): FusedConfig(True, 2, "head", 1)}
+# ... except where K = V (a padded K = V too) runs the 64 or 128 tile without QG: there the persistent 4-warp
+# configuration that issues the next tile's loads early is the fastest (B=2 T=8192 H=64, safe gate; H200 unless
+# named): K = V = 128 0.848 ms against tile-w8's 0.949 (any gate 0.990 against 1.032; 2026-12-05, TMA tree); K = V =
+# 64 0.556 against the tile's 0.579 and K = V = 60 0.670 against 0.687 (2026-12-05); K = V = 100 (H100, 2026-12-05)
+# 1.037 against tile-w8's 1.136. K != V keeps the entry above (a persistent grid of 2 CTAs per SM does not fit
+# every K != V pair).
+UNTUNED_SQUARE_CONFIGS = {(64, 64, False): FusedConfig(True, 2, "head", 1),
+                          (64, 128, False): FusedConfig(True, 2, "head", 1)}
 
 
 @dataclass(frozen=True)
@@ -357,10 +359,10 @@ class ForwardSpec:
     @property
     def untuned_fused_config(self) -> FusedConfig | None:
         """The fused configuration `kdajit.forward` runs for this spec without a tuning record, or None where it
-        runs the standalone kernels (UNTUNED_FUSED_CONFIGS, UNTUNED_FULL_SIZE_CONFIGS)."""
+        runs the standalone kernels (UNTUNED_FUSED_CONFIGS, UNTUNED_SQUARE_CONFIGS)."""
         entry = (self.chunk, padded_head_dim(self.head_k), self.output_qg)
-        if self.head_k == self.head_v == entry[1] and entry in UNTUNED_FULL_SIZE_CONFIGS:
-            return UNTUNED_FULL_SIZE_CONFIGS[entry]
+        if self.head_k == self.head_v and entry in UNTUNED_SQUARE_CONFIGS:
+            return UNTUNED_SQUARE_CONFIGS[entry]
         return UNTUNED_FUSED_CONFIGS.get(entry, FusedConfig())
 
     def kernel_keys(self) -> tuple[_KernelKey, ...]:

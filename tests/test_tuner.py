@@ -497,11 +497,13 @@ def test_untuned_configuration_is_what_measured_fastest_per_size():
     assert UNTUNED == persistent_early and UNTUNED in FUSED_CONFIG_SPACE and w8 in FUSED_CONFIG_SPACE
     assert SPEC.fused_key(UNTUNED) in SPEC.kernel_keys() and SPEC.fused_key(REF) in SPEC.kernel_keys()
     k64, k256 = (dataclasses.replace(SPEC, head_k=n, head_v=n) for n in (64, 256))
-    expected = {VARLEN_SPEC: REF, k64: REF, dataclasses.replace(k64, output_qg=True): REF,  # QG: no 8-warp build
+    expected = {VARLEN_SPEC: REF, k64: persistent_early, dataclasses.replace(k64, output_qg=True): REF,
                 dataclasses.replace(SPEC, safe_gate=False): persistent_early,  # K = V = 128: one TMA box per tile
                 dataclasses.replace(SPEC, io_dtype="fp16", beta_dtype="fp16", varlen="cu64"): persistent_early,
                 dataclasses.replace(SPEC, head_v=256): w8,  # K != V: two persistent CTAs per SM do not fit
-                dataclasses.replace(SPEC, head_k=100, head_v=100): w8,  # a padded size of the 128 tile
+                dataclasses.replace(SPEC, head_k=100, head_v=100): persistent_early,  # padded K = V: 128's entry
+                dataclasses.replace(k64, head_k=60, head_v=60): persistent_early,  # ... and 64's
+                dataclasses.replace(k64, head_v=60): REF,  # K != V: the (chunk, K, QG) table's entry
                 k256: w8, dataclasses.replace(k256, output_qg=True): None,  # None: the standalone kernels
                 dataclasses.replace(SPEC, chunk=32): REF}  # chunk 32: the reference measured faster
     for spec, config in expected.items():
