@@ -7,10 +7,10 @@ operands live changes: L and Akk never leave the CTA, and k, g are read from HBM
 
 Per tile (4 warps, 128 threads; the phases run one after another, separated by CTA barriers):
 1. loads (`load_tile`): q, k (io dtype), g (fp32) rows into padded shared tiles, completing on an mbarrier that
-   every thread waits on (`loads_of`, `tile_intra.load_path`): at K = 64, 128 each tile is one TMA box, rows and
-   row pad, issued by one thread (`tile_intra.make_tma_tile`; rows >= v hold the next sequence's rows or zeros); at
-   K = 256
-   one cp.async.bulk per row < v (each warp's elected thread arms the mbarrier with its rows' bytes and issues their
+   every thread waits on (`tile_intra.issue_tile_loads`, `wait_tile_loads`, by the path of `tile_intra.loads_of`,
+   as in the standalone intra kernel): at K = 64, 128 each tile is one TMA box, rows and row pad, issued by one
+   thread (`tile_intra.make_tma_tile`; rows >= v hold the next sequence's rows or zeros); at K = 256 one
+   cp.async.bulk per row < v (each warp's elected thread arms the mbarrier with its rows' bytes and issues their
    copies). Padded head sizes (60, 100, ...) load rows < v by 16-byte cp.async (8-byte pieces for 16-bit rows at
    60 or 100); beta into a register, converted to fp32
    into a 64-entry shared vector (0 for rows >= v) once the tile's loads have landed; v rows by 16-byte
@@ -76,10 +76,10 @@ from cutlass.memory import SmemAllocator
 from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, LOADS_AHEAD, RASTER_ORDERS, VARLEN_MODES,
                          FusedForwardKey, head_dim_supported, padded_head_dim)
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
-                                    make_struct, make_tf32_mma, qk_head, sync_group)
-from kdajit.templates.tile_intra import (beta_row, init_bulk_mbar, intra_tile, issue_bulk_rows, issue_tma_tiles,
-                                         load_path, load_rows, make_row_copy, make_tma_tile, padded_pitch,
-                                         padded_tile_layout, warp_schedule)
+                                    make_struct, make_tf32_mma, sync_group)
+from kdajit.templates.tile_intra import (beta_row, init_tile_loads, intra_tile, issue_tile_loads, loads_mbar_fields,
+                                         loads_of, make_row_copy, make_tma_tiles, padded_pitch, padded_tile_layout,
+                                         wait_tile_loads, warp_schedule)
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_elements, l_tile_layout,
                                            make_akk_store_copy, make_l_load_copy, store_akk_rows, x00_layout,
                                            zero_rows_from)
@@ -104,9 +104,10 @@ SMEM_CARVEOUT_MAX = 100        # percent: all of the unified L1 / shared array a
 TILE_CTAS_PER_SM = {4: 3, 8: 2}
 
 
-def fused_smem_struct(chunk: int, head_k: int, head_v: int, io, bulk: bool = False):
+def fused_smem_struct(chunk: int, head_k: int, head_v: int, io, path: str):
     """(Smem, InverseWork, RecomputeWork): the fused kernel's shared memory as `cute.struct`s, with
-    16-bit tiles of type `io` (bf16 or fp16); `bulk`: with the mbarrier that bulk row loads complete on.
+    16-bit tiles of type `io` (bf16 or fp16) and what the tile loads of `path` (`loads_of`) need
+    (`loads_mbar_fields`).
 
     InverseWork and RecomputeWork are two views of Smem.work (phases 2-3 and phase 4)."""
     S = cute.struct
@@ -129,19 +130,14 @@ def fused_smem_struct(chunk: int, head_k: int, head_v: int, io, bulk: bool = Fal
         ("k", S.Align[S.MemRange[io, chunk * padded_pitch(io, head_k)], 128]),
         ("g", S.Align[S.MemRange[f32, chunk * padded_pitch(f32, head_k)], 128]),
         ("beta", S.Align[S.MemRange[f32, chunk], 16]),
-    ] + [("loads_mbar", S.Align[S.MemRange[cutlass.Int64, 1], 8])] * bulk)
+    ] + loads_mbar_fields(path))
     return smem, inverse_work, recompute_work
 
 
 def smem_bytes(key: FusedForwardKey) -> int:
     """Shared memory of one CTA of `key`'s kernel (the module docstring states it)."""
     return fused_smem_struct(key.chunk, padded_head_dim(key.head_k), padded_head_dim(key.head_v),
-                             IO_TYPES[key.io_dtype], loads_of(key) != "cp.async")[0].__sizeof__()
-
-
-def loads_of(key: FusedForwardKey) -> str:
-    """How `key`'s kernel loads its q, k, g tiles (`tile_intra.load_path`: "tma", "bulk" or "cp.async")."""
-    return load_path(key.arch, IO_TYPES[key.io_dtype], key.head_k)
+                             IO_TYPES[key.io_dtype], loads_of(key))[0].__sizeof__()
 
 
 def resident_ctas(key: FusedForwardKey) -> int:
@@ -165,8 +161,7 @@ class FusedForward:
         self.varlen = key.varlen != "dense"
         self.config = key.config
         self.num_threads = 32 * key.config.warps
-        self.bulk = loads_of(key) != "cp.async"  # the mbarrier paths: TMA boxes or bulk row copies
-        self.tma = loads_of(key) == "tma"
+        self.load_path = loads_of(key)  # "tma", "bulk" or "cp.async"
         # Measurement only (benchmarks/fused_phases.py): a kernel that leaves phases out computes
         # garbage and is never built from a key, so it never reaches the cache.
         self.phases = PHASES
@@ -210,12 +205,10 @@ class FusedForward:
             grid = (min(tiles[0] * tiles[1] * tiles[2], max_ctas), 1, 1)
         layouts = RecomputeLayouts(self.chunk, self.head_k, self.head_v)
         smem_struct, inverse_work, recompute_work = fused_smem_struct(self.chunk, self.head_k, self.head_v,
-                                                                      self.io, self.bulk)
+                                                                      self.io, self.load_path)
         self.smem_struct, self.inverse_work, self.recompute_work = smem_struct, inverse_work, recompute_work
-        tma = None
-        if cutlass.const_expr(self.tma):
-            tma = (make_tma_tile(mQ, self.chunk), make_tma_tile(mK, self.chunk), make_tma_tile(mGk, self.chunk))
-        self.kernel(mQ, mK, mV, mGk, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, scale, tma,
+        tma_tiles = make_tma_tiles(mQ, mK, mGk, self.chunk, self.load_path)
+        self.kernel(mQ, mK, mV, mGk, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, scale, tma_tiles,
                     tiles[0], make_tf32_mma(), make_row_copy(self.io, self.key.head_k, self.num_threads),
                     make_row_copy(f32, self.key.head_k, self.num_threads),
                     make_l_load_copy(self.num_threads, self.chunk),
@@ -228,7 +221,7 @@ class FusedForward:
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mG: cute.Tensor,
                mBeta: cute.Tensor, mAqk: cute.Tensor, mAkk: cute.Tensor, mW: cute.Tensor,
                mU: cute.Tensor, mKG: cute.Tensor, mQG: cute.Tensor, mCuSeqlens: cute.Tensor,
-               scale: cutlass.Float32, tma, tiles_x: cutlass.Int32,
+               scale: cutlass.Float32, tma_tiles, tiles_x: cutlass.Int32,
                intra_mma: cute.TiledMma, copy_qk: cute.TiledCopy, copy_g: cute.TiledCopy,
                l_copy: cute.TiledCopy, akk_store_copy: cute.TiledCopy, wu_mma: cute.TiledMma,
                sA_layout: cute.ComposedLayout, sKp_layout: cute.ComposedLayout,
@@ -262,10 +255,8 @@ class FusedForward:
         # Registers of the tile whose loads are in flight: its v rows and this thread's beta.
         rV = row_fragments(self.chunk // (GROUP_THREADS // (self.head_v // VEC)), io)
         rBeta = cute.make_rmem_tensor((1,), mBeta.element_type)
-        mbar = None  # with cp.async loads; else (the mbarrier, the TMA tiles or None for bulk row copies)
-        if cutlass.const_expr(self.bulk):
-            mbar = (storage.loads_mbar.data_ptr(), tma)
-            init_bulk_mbar(mbar[0], 1 if self.tma else self.config.warps)
+        # (the loads' mbarrier, the TMA tiles): `issue_tile_loads`' mbar_ptr and tma_tiles, None where the path has none
+        mbar = (init_tile_loads(storage, self.load_path, self.config.warps), tma_tiles)
         phase = cutlass.Int32(0)  # of the mbarrier phase the next loaded tile completes (bulk loads)
         if cutlass.const_expr(self.config.persistent):
             bidx, _, _ = cute.arch.block_idx()
@@ -328,38 +319,18 @@ class FusedForward:
     def load_tile(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, ops: cutlass.Constexpr,
                   batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32, rows: cutlass.Int32,
                   rV: cute.Tensor, rBeta: cute.Tensor, parts: cutlass.Constexpr, mbar: cutlass.Constexpr):
-        """Issue a tile's loads without waiting: q, k, g rows < rows into shared memory, v rows into rV, this
-        thread's beta (unconverted) into rBeta. `parts`: "all", "q" (only q) or "rest" (all but q). The shared rows
-        go by cp.async (one commit group; `mbar` None) or, with `mbar` = (the mbarrier, the TMA tiles or None), by
-        `issue_tma_tiles` or `issue_bulk_rows` (`loads_of`)."""
+        """Issue a tile's loads without waiting: q, k, g rows < rows into shared memory (`issue_tile_loads`, by
+        `loads_of`'s path; `mbar` = (the loads' mbarrier, the TMA tiles), either None where the path has none), v rows
+        into rV, this thread's beta (unconverted) into rBeta. `parts`: "all", "q" (only q: with loads_ahead 1, issued
+        first) or "rest" (all but q). Phase-variant kernels without "loads" issue no copies (`issue_tile_loads`'
+        `loads`)."""
         mQ, mK, mV, mG, mBeta = tensors[:5]
         sQ, sK, sG = smem[:3]
         copy_qk, copy_g = ops[1], ops[2]
         tidx, _, _ = cute.arch.thread_idx()
-        gQ = chunk_rows(mQ, batch, qk_head(head, mQ, mG), row0, self.chunk)
-        gK = chunk_rows(mK, batch, qk_head(head, mK, mG), row0, self.chunk)
-        gG = chunk_rows(mG, batch, head, row0, self.chunk)
         loads = cutlass.const_expr("loads" in self.phases)
-        if cutlass.const_expr(self.tma):
-            tma_q, tma_k, tma_g = mbar[1]
-            q_head = qk_head(head, mQ, mG)
-            pieces = ([(tma_q, sQ, q_head)] * (loads and parts != "rest")
-                      + [(tma_k, sK, q_head), (tma_g, sG, head)] * (loads and parts != "q"))
-            issue_tma_tiles(pieces, mbar[0], batch, row0, arrive=parts != "q")
-        elif cutlass.const_expr(self.bulk):
-            # Phase-variant kernels without "loads" arrive with 0 bytes. With loads_ahead 1 the q part, issued first,
-            # only adds its bytes; the rest arrives.
-            tiles = [(gQ, sQ)] * (loads and parts != "rest") + [(gK, sK), (gG, sG)] * (loads and parts != "q")
-            issue_bulk_rows(tiles, mbar[0], cute.arch.make_warp_uniform(cute.arch.warp_idx()), self.config.warps,
-                            rows, arrive=parts != "q")
-        else:
-            cTile = cute.make_identity_tensor((self.chunk, self.head_k))
-            if cutlass.const_expr(loads and parts != "rest"):
-                load_rows(copy_qk, gQ, sQ, cTile, tidx, rows)
-            if cutlass.const_expr(loads and parts != "q"):
-                load_rows(copy_qk, gK, sK, cTile, tidx, rows)
-                load_rows(copy_g, gG, sG, cTile, tidx, rows)
-            cute.arch.cp_async_commit_group()
+        issue_tile_loads(self.load_path, mbar[0], mbar[1], (copy_qk, copy_g), (mQ, mK, mG), (sQ, sK, sG), batch, head,
+                         row0, rows, tidx, self.config.warps, parts, loads)
         if cutlass.const_expr(loads and parts != "q"):
             if cutlass.const_expr(self.config.warps == 4):  # 8 warps: group 1 loads v in two_group_tile
                 self.load_v_rows(mV, batch, head, row0, rows, tidx, rV)
@@ -373,8 +344,8 @@ class FusedForward:
                      valid_rows: cutlass.Int32, rV: cute.Tensor, rBeta: cute.Tensor, mbar: cutlass.Constexpr,
                      phase: cutlass.Int32, next_tile: cutlass.Constexpr = None):
         """Phases 2-4 of the module docstring for a tile whose loads (`load_tile`) are in flight, by one
-        group of 4 warps or, with 8 warps, by two (`two_group_tile`). `mbar`, `phase`: `load_tile`'s `mbar` (None
-        with cp.async) and the mbarrier phase this tile's loads complete."""
+        group of 4 warps or, with 8 warps, by two (`two_group_tile`). `mbar`, `phase`: `load_tile`'s `mbar` and the
+        mbarrier phase this tile's loads complete (on the mbarrier paths)."""
         landed = (mbar, phase)
         if cutlass.const_expr(self.config.warps == 8):
             self.two_group_tile(tensors, smem, ops, scale, batch, head, row0, valid_rows, rV, rBeta, landed)
@@ -446,7 +417,8 @@ class FusedForward:
                     self.group_products(tensors, smem, wu_mma, batch, head, row0, valid_rows, group_tidx,
                                         first_group)
         if cutlass.const_expr(self.config.persistent):
-            if cutlass.const_expr(self.bulk):  # the next tile's bulk copies (async proxy) overwrite q's buffer
+            # The next tile's TMA or bulk copies (async proxy) overwrite q's buffer.
+            if cutlass.const_expr(self.load_path != "cp.async"):
                 cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.sync_threads()  # q's buffer holds the W staging tile until group 0 has stored it
 
@@ -515,15 +487,13 @@ class FusedForward:
     @cute.jit
     def loads_landed(self, sBeta: cute.Tensor, rBeta: cute.Tensor, valid_rows: cutlass.Int32, mbar: cutlass.Constexpr,
                      phase: cutlass.Int32):
-        """Wait for this tile's loads (cp.async, or with `mbar` the bulk loads of mbarrier phase `phase`), convert
-        its beta (rBeta) into sBeta, synchronize the CTA; returns (thread index, warp index, lane)."""
+        """Wait for this tile's loads (`wait_tile_loads`: with `mbar`, `load_tile`'s, on the mbarrier paths those of
+        mbarrier phase `phase`), convert its beta (rBeta) into sBeta, synchronize the CTA; returns (thread index, warp
+        index, lane)."""
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
-        if cutlass.const_expr(self.bulk):
-            cute.arch.mbarrier_wait(mbar[0], phase)
-        else:
-            cute.arch.cp_async_wait_group(0)
+        wait_tile_loads(self.load_path, mbar[0], phase)
         if tidx < self.chunk:
             sBeta[tidx] = beta_row(rBeta[0], tidx, valid_rows)
         cute.arch.sync_threads()

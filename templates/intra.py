@@ -42,9 +42,9 @@ straight into the MMA fragments from shared q, k, g (CuTe `partition_A/B` views;
 of the reference row gives r per fragment element), so nothing is staged besides the inputs.
 
 Memory: q, k (io) and g (fp32) of the chunk are read once into padded shared tiles (row pitch +16 bytes: the MMA
-fragment reads are bank-conflict free): on sm_90a / sm_100a by one TMA box per tile at K = 64, 128
-(`tile_intra.issue_tma_tiles`) or one cp.async.bulk per row at K = 256 (`issue_bulk_rows`), as the fused kernel,
-else with 16-byte cp.async; beta goes to a 64-entry fp32
+fragment reads are bank-conflict free) by the same loads as the fused kernel's (`tile_intra.issue_tile_loads`, on
+the path of `tile_intra.loads_of`): on sm_90a / sm_100a one TMA box per tile at K = 64, 128 (`issue_tma_tiles`) or one
+cp.async.bulk per row at K = 256 (`issue_bulk_rows`), else with 16-byte cp.async; beta goes to a 64-entry fp32
 vector. Shared memory 68,992 bytes at K = 128 on sm_90a (with the bulk loads' mbarrier; 68,864 with cp.async). Output fragments are stored straight to global
 memory (Aqk 4-byte, L 8-byte vector stores).
 
@@ -67,33 +67,28 @@ from cutlass.memory import SmemAllocator
 
 from kdajit.keys import ARCHS, CHUNK_SIZES, VARLEN_MODES, IntraKey, head_dim_supported, padded_head_dim
 from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
-                                    make_struct, make_tf32_mma, qk_head)
-from kdajit.templates.tile_intra import (NUM_WARPS, init_bulk_mbar, intra_tile, issue_bulk_rows, issue_tma_tiles,
-                                         load_beta, load_path, load_rows, make_row_copy, make_tma_tile, padded_pitch,
-                                         padded_tile_layout, warp_schedule)
+                                    make_struct, make_tf32_mma)
+from kdajit.templates.tile_intra import (NUM_WARPS, init_tile_loads, intra_tile, issue_tile_loads, load_beta,
+                                         loads_mbar_fields, loads_of, make_row_copy, make_tma_tiles, padded_pitch,
+                                         padded_tile_layout, wait_tile_loads, warp_schedule)
 
 
-def intra_smem_struct(chunk: int, head_k: int, io, bulk: bool = False):
-    """The intra kernel's shared memory: padded q, k (`io`: bf16 or fp16) and g (fp32) tiles and the
-    beta vector; `bulk`: with the mbarrier that bulk row loads complete on."""
+def intra_smem_struct(chunk: int, head_k: int, io, path: str):
+    """The intra kernel's shared memory: padded q, k (`io`: bf16 or fp16) and g (fp32) tiles, the
+    beta vector and what the tile loads of `path` (`loads_of`) need (`loads_mbar_fields`)."""
     S, f32 = cute.struct, cutlass.Float32
     return make_struct("IntraSmem", [
         ("q", S.Align[S.MemRange[io, chunk * padded_pitch(io, head_k)], 128]),
         ("k", S.Align[S.MemRange[io, chunk * padded_pitch(io, head_k)], 128]),
         ("g", S.Align[S.MemRange[f32, chunk * padded_pitch(f32, head_k)], 128]),
         ("beta", S.Align[S.MemRange[f32, chunk], 16]),
-    ] + [("loads_mbar", S.Align[S.MemRange[cutlass.Int64, 1], 8])] * bulk)
+    ] + loads_mbar_fields(path))
 
 
 def smem_bytes(key) -> int:
     """Shared memory of one CTA of `key`'s kernel (the module docstring states it)."""
     return intra_smem_struct(key.chunk, padded_head_dim(key.head_k), IO_TYPES[key.io_dtype],
-                             loads_of(key) != "cp.async").__sizeof__()
-
-
-def loads_of(key) -> str:
-    """How `key`'s kernel loads its q, k, g tiles (`tile_intra.load_path`: "tma", "bulk" or "cp.async")."""
-    return load_path(key.arch, IO_TYPES[key.io_dtype], key.head_k)
+                             loads_of(key)).__sizeof__()
 
 
 class KdaIntra:
@@ -107,8 +102,7 @@ class KdaIntra:
         self.varlen = key.varlen != "dense"
         self.num_threads = 32 * key.config.warps
         self.safe_gate = key.safe_gate
-        self.bulk = loads_of(key) != "cp.async"  # the mbarrier paths: TMA boxes or bulk row copies
-        self.tma = loads_of(key) == "tma"
+        self.load_path = loads_of(key)  # "tma", "bulk" or "cp.async"
 
     @staticmethod
     def can_implement(key) -> bool:
@@ -126,18 +120,16 @@ class KdaIntra:
         tiled_mma = make_tf32_mma()
         copy_qk = make_row_copy(self.io, self.key.head_k, self.num_threads)
         copy_g = make_row_copy(cutlass.Float32, self.key.head_k, self.num_threads)
-        tma = None
-        if cutlass.const_expr(self.tma):
-            tma = (make_tma_tile(mQ, self.chunk), make_tma_tile(mK, self.chunk), make_tma_tile(mGk, self.chunk))
+        tma_tiles = make_tma_tiles(mQ, mK, mGk, self.chunk, self.load_path)
         self.kernel(mQ, mK, mGk, mBeta, mAqk, mL, mCuSeqlens, scale, tiled_mma, copy_qk,
-                    copy_g, tma).launch(grid=grid_shape(mGk, mCuSeqlens, self.chunk, self.varlen),
+                    copy_g, tma_tiles).launch(grid=grid_shape(mGk, mCuSeqlens, self.chunk, self.varlen),
                                    block=(self.num_threads, 1, 1), stream=stream)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mK: cute.Tensor, mG: cute.Tensor, mBeta: cute.Tensor,
                mAqk: cute.Tensor, mL: cute.Tensor, mCuSeqlens: cute.Tensor,
                scale: cutlass.Float32, tiled_mma: cute.TiledMma, copy_qk: cute.TiledCopy,
-               copy_g: cute.TiledCopy, tma):
+               copy_g: cute.TiledCopy, tma_tiles):
         tidx, _, _ = cute.arch.thread_idx()
         _, head, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -145,37 +137,19 @@ class KdaIntra:
         is_valid, batch, row0, valid_rows = chunk_coords(mCuSeqlens, mQ.shape[1],
                                                          self.chunk, self.varlen)
 
-        storage = SmemAllocator().allocate(intra_smem_struct(self.chunk, self.head_k, self.io, self.bulk))
+        storage = SmemAllocator().allocate(intra_smem_struct(self.chunk, self.head_k, self.io, self.load_path))
         f32 = cutlass.Float32
         sQ = storage.q.get_tensor(padded_tile_layout(self.io, self.chunk, self.head_k))
         sK = storage.k.get_tensor(padded_tile_layout(self.io, self.chunk, self.head_k))
         sG = storage.g.get_tensor(padded_tile_layout(f32, self.chunk, self.head_k))
         sBeta = storage.beta.get_tensor(cute.make_layout(self.chunk))
-        if cutlass.const_expr(self.bulk):
-            init_bulk_mbar(storage.loads_mbar.data_ptr(), 1 if self.tma else self.num_threads // 32)
+        mbar_ptr = init_tile_loads(storage, self.load_path, self.num_threads // 32)
 
         if is_valid:
-            gQ = chunk_rows(mQ, batch, qk_head(head, mQ, mG), row0, self.chunk)
-            gK = chunk_rows(mK, batch, qk_head(head, mK, mG), row0, self.chunk)
-            gG = chunk_rows(mG, batch, head, row0, self.chunk)
-            if cutlass.const_expr(self.tma):
-                q_head = qk_head(head, mQ, mG)
-                issue_tma_tiles([(tma[0], sQ, q_head), (tma[1], sK, q_head), (tma[2], sG, head)],
-                                storage.loads_mbar.data_ptr(), batch, row0)
-            elif cutlass.const_expr(self.bulk):
-                issue_bulk_rows([(gQ, sQ), (gK, sK), (gG, sG)], storage.loads_mbar.data_ptr(), warp_idx,
-                                self.num_threads // 32, valid_rows)
-            else:
-                cTile = cute.make_identity_tensor((self.chunk, self.head_k))
-                load_rows(copy_qk, gQ, sQ, cTile, tidx, valid_rows)
-                load_rows(copy_qk, gK, sK, cTile, tidx, valid_rows)
-                load_rows(copy_g, gG, sG, cTile, tidx, valid_rows)
-                cute.arch.cp_async_commit_group()
+            issue_tile_loads(self.load_path, mbar_ptr, tma_tiles, (copy_qk, copy_g), (mQ, mK, mG), (sQ, sK, sG),
+                             batch, head, row0, valid_rows, tidx, self.num_threads // 32)
             load_beta(mBeta, sBeta, batch, row0, head, tidx, valid_rows, self.chunk)
-            if cutlass.const_expr(self.bulk):
-                cute.arch.mbarrier_wait(storage.loads_mbar.data_ptr(), 0)
-            else:
-                cute.arch.cp_async_wait_group(0)
+            wait_tile_loads(self.load_path, mbar_ptr, 0)
             cute.arch.sync_threads()
 
             intra_tile(tiled_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, self.chunk),

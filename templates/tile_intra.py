@@ -9,6 +9,10 @@ Inputs are [chunk, head_k] shared tiles in the padded row layout of `padded_tile
 the io dtype, bf16 or fp16; g fp32) and a [chunk] fp32 beta vector (0 for rows >= valid_rows).
 Outputs go to any [chunk, chunk] tensor, global or shared: the block store `store_block` only needs
 `partition_C` views of it.
+
+Both kernels fill those tiles the same way too: `loads_of` gives a kernel's load path (TMA boxes, bulk rows or
+cp.async, `load_path`); `loads_mbar_fields` (its shared memory), `make_tma_tiles` (host side), `init_tile_loads`,
+`issue_tile_loads` and `wait_tile_loads` (device side) are the whole of it.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 
 from kdajit.keys import padded_head_dim
-from kdajit.templates.common import RN, global_vec, tf32, tf32x3_gemm
+from kdajit.templates.common import IO_TYPES, RN, chunk_rows, global_vec, qk_head, tf32, tf32x3_gemm
 
 SUB = 16        # rows of one sub-block (the MMA M)
 MMA_K = 8       # head-dim step of one mma.sync m16n8k8
@@ -217,6 +221,19 @@ def load_path(arch: str, io, head_k: int) -> str:
     return "bulk"
 
 
+def loads_of(key) -> str:
+    """How the kernel of `key` (intra or fused) loads its q, k, g tiles: `load_path` of its arch, io dtype and head
+    size, "tma", "bulk" or "cp.async"."""
+    return load_path(key.arch, IO_TYPES[key.io_dtype], key.head_k)
+
+
+def loads_mbar_fields(path: str) -> list:
+    """The shared-memory struct fields (`common.make_struct`) that the tile loads of `path` (`loads_of`) need:
+    `loads_mbar`, the mbarrier that the "tma" and "bulk" loads complete on (`init_tile_loads`); none for
+    "cp.async"."""
+    return [("loads_mbar", cute.struct.Align[cute.struct.MemRange[cutlass.Int64, 1], 8])] * (path != "cp.async")
+
+
 def make_tma_tile(mX: cute.Tensor, chunk: int):
     """(TMA atom, TMA coordinate tensor) that load one (chunk, head) tile of the contiguous [B, T, H, D] tensor mX
     straight into its padded shared tile (`padded_tile_layout`) with one instruction (`issue_tma_tiles`). The box is
@@ -271,6 +288,83 @@ def init_bulk_mbar(mbar_ptr: cute.Pointer, arrivals: cutlass.Constexpr):
             cute.arch.mbarrier_init(mbar_ptr, arrivals)
     cute.arch.mbarrier_init_fence()
     cute.arch.sync_threads()
+
+
+def make_tma_tiles(mQ: cute.Tensor, mK: cute.Tensor, mG: cute.Tensor, chunk: int, path: str):
+    """The `make_tma_tile`s of q, k and g for `issue_tile_loads` on the "tma" path (host side); None on the
+    others."""
+    if path != "tma":
+        return None
+    return make_tma_tile(mQ, chunk), make_tma_tile(mK, chunk), make_tma_tile(mG, chunk)
+
+
+def init_tile_loads(storage, path: str, warps: int):
+    """Set up the tile loads of `path` in a CTA of `warps` warps whose shared memory `storage` has the
+    `loads_mbar_fields` of `path`: on the mbarrier paths, `init_bulk_mbar` for one arrival per phase ("tma",
+    `issue_tma_tiles`) or one per warp ("bulk", `issue_bulk_rows`); every thread calls it. Returns the mbarrier's
+    pointer (the `mbar_ptr` of `issue_tile_loads` and `wait_tile_loads`), or None for "cp.async" (nothing to set
+    up)."""
+    if path == "cp.async":
+        return None
+    mbar_ptr = storage.loads_mbar.data_ptr()
+    init_bulk_mbar(mbar_ptr, 1 if path == "tma" else warps)
+    return mbar_ptr
+
+
+@cute.jit
+def issue_tile_loads(path: cutlass.Constexpr, mbar_ptr: cutlass.Constexpr, tma_tiles: cutlass.Constexpr,
+                     row_copies: cutlass.Constexpr, tensors: cutlass.Constexpr, tiles: cutlass.Constexpr,
+                     batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32, valid_rows: cutlass.Int32,
+                     tidx: cutlass.Int32, warps: cutlass.Constexpr, parts: cutlass.Constexpr = "all",
+                     loads: cutlass.Constexpr = True):
+    """Issue, without waiting, the loads of one tile's q, k, g rows row0 .. row0 + chunk - 1 of batch `batch`, value
+    head `head` (q, k at its `qk_head`) from `tensors` = (mQ, mK, mG) into the padded shared tiles `tiles` = (sQ,
+    sK, sG), by `path` (`loads_of`): "tma", one box per tile (`issue_tma_tiles` with `tma_tiles`, `make_tma_tiles`);
+    "bulk", one copy per row < valid_rows (`issue_bulk_rows`, the CTA's `warps` warps); "cp.async", rows <
+    valid_rows (`load_rows` by thread `tidx` with `row_copies` = (q and k's, g's `make_row_copy`), then one commit
+    group). The mbarrier paths complete on `mbar_ptr` (`init_tile_loads`); `wait_tile_loads` waits for any path.
+    Every thread of the CTA calls it.
+
+    `parts`: "all", or a tile's loads in two calls: "q" (q only; on the mbarrier paths it adds its bytes without
+    arriving), then "rest" (k and g, arriving). `loads` False (the fused kernel's phase variants without loads): no
+    copies, but the same arrival (with 0 bytes) or commit group, so that the wait still completes."""
+    mQ, mK, mG = tensors
+    sQ, sK, sG = tiles
+    chunk = cute.size(sQ, mode=[0])
+    gQ = chunk_rows(mQ, batch, qk_head(head, mQ, mG), row0, chunk)
+    gK = chunk_rows(mK, batch, qk_head(head, mK, mG), row0, chunk)
+    gG = chunk_rows(mG, batch, head, row0, chunk)
+    copy_q = cutlass.const_expr(loads and parts != "rest")
+    copy_kg = cutlass.const_expr(loads and parts != "q")
+    if cutlass.const_expr(path == "tma"):
+        tma_q, tma_k, tma_g = tma_tiles
+        q_head = qk_head(head, mQ, mG)
+        pieces = [(tma_q, sQ, q_head)] * copy_q + [(tma_k, sK, q_head), (tma_g, sG, head)] * copy_kg
+        issue_tma_tiles(pieces, mbar_ptr, batch, row0, arrive=parts != "q")
+    elif cutlass.const_expr(path == "bulk"):
+        row_tiles = [(gQ, sQ)] * copy_q + [(gK, sK), (gG, sG)] * copy_kg
+        issue_bulk_rows(row_tiles, mbar_ptr, cute.arch.make_warp_uniform(cute.arch.warp_idx()), warps, valid_rows,
+                        arrive=parts != "q")
+    else:
+        copy_qk, copy_g = row_copies
+        cTile = cute.make_identity_tensor(sQ.shape)
+        if cutlass.const_expr(copy_q):
+            load_rows(copy_qk, gQ, sQ, cTile, tidx, valid_rows)
+        if cutlass.const_expr(copy_kg):
+            load_rows(copy_qk, gK, sK, cTile, tidx, valid_rows)
+            load_rows(copy_g, gG, sG, cTile, tidx, valid_rows)
+        cute.arch.cp_async_commit_group()
+
+
+@cute.jit
+def wait_tile_loads(path: cutlass.Constexpr, mbar_ptr: cutlass.Constexpr, phase: cutlass.Int32):
+    """Wait for the tile loads that `issue_tile_loads` issued by `path`: on the mbarrier paths until phase `phase`
+    of the mbarrier at `mbar_ptr` completes (every warp's bytes landed), with cp.async until this thread's commit
+    groups have landed. The caller then synchronizes the CTA before any thread reads the tiles."""
+    if cutlass.const_expr(path != "cp.async"):
+        cute.arch.mbarrier_wait(mbar_ptr, phase)
+    else:
+        cute.arch.cp_async_wait_group(0)
 
 
 @cute.jit
