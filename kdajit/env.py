@@ -10,7 +10,7 @@
 | KDAJIT_LOCK_DIR | where per-entry lock files live (must be yours and private) | /dev/shm/kdajit-<uid>, else <cache>/locks |
 | KDAJIT_TRUST_ROOT_OWNED | 1: load cache entries owned by root (an admin-installed shared cache): their native code runs in your process | 0 |
 | KDAJIT_LOCK_TIMEOUT | seconds to wait for another process's compile before compiling in memory | 600 |
-| KDAJIT_VALIDATE | `full` (also checks cu_seqlens values: one small device-to-host copy) or `shapes` | full |
+| KDAJIT_VALIDATE | `full` (also checks cu_seqlens values: one small device-to-host copy per cu_seqlens tensor and write) or `shapes` | full |
 | KDAJIT_COMPILE_WORKERS | default number of `kdajit precompile` worker processes (`-j`) | min(2, CPUs) |
 | KDAJIT_FLA_BACKEND | 1: `import kdajit` registers and enables kdajit as FLA's "kda" backend | 0 |
 | KDAJIT_FORWARD_ROUTE | `auto` (the fused kernel where the arch has one, at K = V <= 128; the standalone kernels at 256, where they are faster) or `standalone` (intra + inverse + recompute; same bits) | auto |

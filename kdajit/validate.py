@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import struct
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -174,18 +175,48 @@ def _check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, tokens: int, chunk: 
     return _CU_DTYPES[cu_seqlens.dtype]
 
 
+# The cu_seqlens tensor whose values last passed (a weak reference), its version counter and T: a model's KDA layers
+# share one cu_seqlens per step, so its values cross to the host (a synchronisation) once per step, not per layer.
+_checked_cu: tuple = (None, None, None)
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """t's version counter (torch bumps it on every in-place write through torch, views included); None for an
+    inference tensor, which keeps none."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
+def _cu_values(cu_seqlens: torch.Tensor) -> list[int]:
+    """cu_seqlens' values on the host: a device-to-host copy, which waits for the GPU."""
+    return cu_seqlens.tolist()
+
+
 def _check_cu_values(cu_seqlens: torch.Tensor, tokens: int) -> None:
-    """cu_seqlens' values (a device-to-host copy): only with KDAJIT_VALIDATE=full and outside graph capture."""
-    if env.validate_mode() == "full" and not _capturing():
-        values = cu_seqlens.tolist()
-        if values[0] != 0 or values[-1] != tokens:
-            raise ValueError(f"cu_seqlens must start at 0 and end at T={tokens}, got first={values[0]}, "
-                             f"last={values[-1]}")
-        steps = [b - a for a, b in zip(values, values[1:])]
-        if min(steps) < 0:
-            i = steps.index(min(steps))
-            raise ValueError(f"cu_seqlens must be non-decreasing, got cu_seqlens[{i}]={values[i]} > "
-                             f"cu_seqlens[{i + 1}]={values[i + 1]}")
+    """cu_seqlens' values: only with KDAJIT_VALIDATE=full and outside graph capture, and only when they may have
+    changed since they last passed. The tensor that passed last, unwritten since (the same object and version
+    counter) and with the same T, is not read again. A write the counter misses (through `.data` or a raw pointer) is
+    not seen; the kernels clamp every value, so it gives wrong outputs at worst, never an out-of-bounds access."""
+    global _checked_cu
+    if env.validate_mode() != "full" or _capturing():
+        return
+    ref, version, checked_tokens = _checked_cu
+    version_now = _version(cu_seqlens)
+    if ref is not None and ref() is cu_seqlens and version_now is not None and version_now == version \
+            and tokens == checked_tokens:
+        return
+    values = _cu_values(cu_seqlens)
+    if values[0] != 0 or values[-1] != tokens:
+        raise ValueError(f"cu_seqlens must start at 0 and end at T={tokens}, got first={values[0]}, "
+                         f"last={values[-1]}")
+    steps = [b - a for a, b in zip(values, values[1:])]
+    if min(steps) < 0:
+        i = steps.index(min(steps))
+        raise ValueError(f"cu_seqlens must be non-decreasing, got cu_seqlens[{i}]={values[i]} > "
+                         f"cu_seqlens[{i + 1}]={values[i + 1]}")
+    _checked_cu = (weakref.ref(cu_seqlens), version_now, tokens)
 
 
 def _capturing() -> bool:

@@ -170,6 +170,46 @@ def test_a_remembered_signature_still_checks_addresses_and_cu_seqlens_values(mon
     assert len(full_checks) == 2, "another signature must take the full checks"
 
 
+def test_cu_seqlens_values_cross_to_the_host_once_per_tensor_and_write(monkeypatch):
+    """A model's layers share one cu_seqlens per step: its values are read (a host synchronisation) on its first call
+    only, until something writes to it; a new tensor with the same values, an in-place write, another T and an
+    inference tensor (no version counter) are read again."""
+    monkeypatch.setattr(validate, "check_devices", lambda **tensors: None)
+    monkeypatch.setattr(validate, "_checked_cu", (None, None, None))
+    reads = []
+    cu_values = validate._cu_values
+    monkeypatch.setattr(validate, "_cu_values", lambda cu: reads.append(1) or cu_values(cu))
+    x = inputs()
+
+    def check(cu):
+        return validate.check_forward_inputs(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu, 64)
+
+    cu = torch.tensor([0, 64, 130], dtype=torch.int32)
+    for _ in range(3):
+        check(cu)
+    assert len(reads) == 1, "an unwritten cu_seqlens was read again"
+    check(cu.clone())
+    assert len(reads) == 2, "another tensor with the same values must be read"
+    cu = torch.tensor([0, 64, 130], dtype=torch.int32)
+    check(cu)
+    cu[1] = 140  # in place: the version counter moves
+    with pytest.raises(ValueError, match=r"cu_seqlens must be non-decreasing, got cu_seqlens\[1\]=140"):
+        check(cu)
+    cu[1] = 64
+    check(cu)
+    cu[1:2].fill_(131)  # through a view: the same counter
+    with pytest.raises(ValueError, match=r"non-decreasing"):
+        check(cu)
+    cu[1] = 64
+    check(cu)
+    reads.clear()
+    with torch.inference_mode():
+        frozen = torch.tensor([0, 64, 130], dtype=torch.int32)
+        check(frozen)
+        check(frozen)
+    assert len(reads) == 2, "an inference tensor has no version counter: its values must be read every call"
+
+
 def test_validation_checks_the_alignment_every_kernel_assumes():
     # Validation and the templates' fake tensors must agree on every tensor argument of every kernel.
     from kdajit import compiler, validate
