@@ -287,9 +287,9 @@ def test_precompile_expands_and_dedups_the_cross_product(tmp_path, capsys):
     # sm_90a: the three standalone templates plus the fused kernel of each specialization: 2 chunk sizes x
     # 2 io dtypes x 3 varlen modes for the inverse; x 3 beta dtypes x 3 head sizes for intra; x 2 QG for the others;
     # intra and the fused kernel once per gate path (safe and any: --gate both, the default), the fused kernel also
-    # in its untuned configuration where it is not the reference (chunk 64, K = 128 and 256 without QG).
+    # in its untuned configuration where it is not the reference (chunk 64, K = 64, 128 and 256 without QG).
     inverse, intra = 2 * 2 * 3, 2 * 2 * 3 * 3 * 3
-    untuned = intra // 3
+    untuned = intra // 2
     assert [everything.count(t) for t in ("akk_inverse", "intra", "recompute_wu", "fused_forward")] == [
         inverse, 2 * intra, 2 * intra, 2 * (2 * intra + untuned)]
     assert len(templates("--qg", "off")) == inverse + 5 * intra + 2 * untuned
