@@ -31,8 +31,8 @@ cov() { precompile --gate safe "$@"; }  # the safe-gate coverage kernels (the an
 python benchmarks/fused_phases.py --export .gpu-cache/phases
 python benchmarks/fused_phases.py --export .gpu-cache/pany/head --gate any --only tile-w8.all tile-w8.loads+intra \
   tile-w8.compute-only tile.all
-# the padded head sizes' phase variants (h200_session.sh phasespad): K = 60 and 64 in the 4-warp tile (forward's
-# configuration there), K = 100 in tile-w8
+# the padded head sizes' phase variants (h200_session.sh phasespad): K = 60 and 64 in the 4-warp tile, K = 100 in
+# tile-w8 (forward's configurations there until 0959a4a)
 phase_variants() { printf "$1.%s " loads loads+intra loads+intra+inverse all compute-only; }
 python benchmarks/fused_phases.py --export .gpu-cache/pad/k60 --kv 60 --only $(phase_variants tile)
 python benchmarks/fused_phases.py --export .gpu-cache/pad/k64 --kv 64 --only $(phase_variants tile)

@@ -10,7 +10,7 @@
 | KDAJIT_LOCK_DIR | where per-entry lock files live (must be yours and private) | /dev/shm/kdajit-<uid>, else <cache>/locks |
 | KDAJIT_TRUST_ROOT_OWNED | 1: load cache entries owned by root (an admin-installed shared cache): their native code runs in your process | 0 |
 | KDAJIT_LOCK_TIMEOUT | seconds to wait for another process's compile before compiling in memory | 600 |
-| KDAJIT_VALIDATE | `full` (also checks cu_seqlens values: one small device-to-host copy per cu_seqlens tensor and write) or `shapes` | full |
+| KDAJIT_VALIDATE | `full` (also checks cu_seqlens values: one small device-to-host copy when the tensor or its version counter changes; inference tensors every call), `strict` (cu_seqlens values on every call, also after writes the version counter misses) or `shapes` | full |
 | KDAJIT_COMPILE_WORKERS | default number of `kdajit precompile` worker processes (`-j`) | min(2, CPUs) |
 | KDAJIT_FLA_BACKEND | 1: `import kdajit` registers and enables kdajit as FLA's "kda" backend | 0 |
 | KDAJIT_FORWARD_ROUTE | `auto` (the fused kernel where the arch has one, at K = V <= 128; the standalone kernels at 256, where they are faster) or `standalone` (intra + inverse + recompute; same bits) | auto |
@@ -91,8 +91,8 @@ def lock_timeout_s() -> float:
 
 def validate_mode() -> str:
     mode = _get("VALIDATE", "full").strip().lower()
-    if mode not in ("full", "shapes"):
-        raise ValueError(f"KDAJIT_VALIDATE={mode!r} is not valid; expected 'full' or 'shapes'")
+    if mode not in ("full", "strict", "shapes"):
+        raise ValueError(f"KDAJIT_VALIDATE={mode!r} is not valid; expected 'full', 'strict' or 'shapes'")
     return mode
 
 

@@ -195,16 +195,22 @@ def _cu_values(cu_seqlens: torch.Tensor) -> list[int]:
 
 
 def _check_cu_values(cu_seqlens: torch.Tensor, tokens: int) -> None:
-    """cu_seqlens' values: only with KDAJIT_VALIDATE=full and outside graph capture, and only when they may have
-    changed since they last passed. The tensor that passed last, unwritten since (the same object and version
-    counter) and with the same T, is not read again. A write the counter misses (through `.data` or a raw pointer) is
-    not seen; the kernels clamp every value, so it gives wrong outputs at worst, never an out-of-bounds access."""
+    """cu_seqlens' values: with KDAJIT_VALIDATE=strict on every call; with `full` (the default) only when they may
+    have changed since they last passed: the tensor that passed last, unwritten since (the same object and version
+    counter) and with the same T, is not read again; with `shapes` and during CUDA-graph capture never. The version
+    counter sees every write made through torch's tensor operations; it misses writes that bypass them
+    (torch.distributed collectives into the buffer, `.data`, DLPack / NumPy aliases, custom or Triton kernels,
+    CUDA-graph replays), which `strict` catches. Values no check read cannot drive a kernel out of bounds (every
+    kernel clamps them); they give wrong outputs at worst. While torch.compile traces, the tensor's identity is not
+    part of the graph's guards, so every traced call reads the values."""
     global _checked_cu
-    if env.validate_mode() != "full" or _capturing():
+    mode = env.validate_mode()
+    if mode == "shapes" or _capturing():
         return
+    remember = mode == "full" and not torch.compiler.is_compiling()
     ref, version, checked_tokens = _checked_cu
-    version_now = _version(cu_seqlens)
-    if ref is not None and ref() is cu_seqlens and version_now is not None and version_now == version \
+    version_now = _version(cu_seqlens) if remember else None
+    if version_now is not None and ref is not None and ref() is cu_seqlens and version_now == version \
             and tokens == checked_tokens:
         return
     values = _cu_values(cu_seqlens)
@@ -216,7 +222,8 @@ def _check_cu_values(cu_seqlens: torch.Tensor, tokens: int) -> None:
         i = steps.index(min(steps))
         raise ValueError(f"cu_seqlens must be non-decreasing, got cu_seqlens[{i}]={values[i]} > "
                          f"cu_seqlens[{i + 1}]={values[i + 1]}")
-    _checked_cu = (weakref.ref(cu_seqlens), version_now, tokens)
+    if version_now is not None:
+        _checked_cu = (weakref.ref(cu_seqlens), version_now, tokens)
 
 
 def _capturing() -> bool:

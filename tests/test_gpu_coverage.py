@@ -39,7 +39,7 @@ FLA_CASES = [case for case in CASES if min(case[1:]) >= 16]
 FLA_CASE_IDS = [name for case, name in zip(CASES, CASE_IDS) if case in FLA_CASES]
 # A persistent configuration every case can build (one CTA per SM fits K = 256).
 PERSISTENT = FusedConfig(True, 1, "head", 1)
-EIGHT_WARPS = FusedConfig(warps=8)  # forward's untuned configuration without QG but at K = V = 128 (no QG build)
+EIGHT_WARPS = FusedConfig(warps=8)  # forward's untuned configuration without QG at K = 256 and K != V of the 128 tile
 VARLEN_LENGTHS = [1, 63, 65, 200, 130]
 
 

@@ -107,6 +107,23 @@ def test_fused_refuses_configs_that_do_not_fit():
     assert not cls.can_implement(dataclasses.replace(spec.fused_key(), arch="sm_80"))
 
 
+def test_every_untuned_fused_configuration_is_buildable():
+    """What `forward` runs without a tuning record must fit every K, V it may meet (a shared-memory change that
+    broke it would otherwise surface only as a compile error in a user's first call)."""
+    sizes = range(keys.HEAD_DIM_STEP, keys.HEAD_DIMS[-1] + 1, keys.HEAD_DIM_STEP)
+    checked = 0
+    for (k, v), chunk, qg, io in itertools.product(
+            [(n, n) for n in sizes] + [(a, b) for a in keys.HEAD_DIMS for b in keys.HEAD_DIMS if a != b],
+            keys.CHUNK_SIZES, (False, True), keys.IO_DTYPES):
+        spec = ForwardSpec("bf16", "cu32", k, v, chunk, qg, "sm_90a", io)
+        config = spec.untuned_fused_config
+        if config is not None:
+            key = spec.fused_key(config)
+            assert compiler.template_class(key).can_implement(key), key
+            checked += 1
+    assert checked > 4 * len(sizes)
+
+
 def _parameter_word(name: str) -> str:
     """The template's parameter naming (mQ, mCuSeqlens, scale) reduced to compare with KernelArg names."""
     if len(name) > 1 and name[0] == "m" and name[1].isupper():

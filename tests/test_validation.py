@@ -170,44 +170,76 @@ def test_a_remembered_signature_still_checks_addresses_and_cu_seqlens_values(mon
     assert len(full_checks) == 2, "another signature must take the full checks"
 
 
-def test_cu_seqlens_values_cross_to_the_host_once_per_tensor_and_write(monkeypatch):
-    """A model's layers share one cu_seqlens per step: its values are read (a host synchronisation) on its first call
-    only, until something writes to it; a new tensor with the same values, an in-place write, another T and an
-    inference tensor (no version counter) are read again."""
+@pytest.fixture
+def cu_reads(monkeypatch):
+    """Every read of cu_seqlens' values (`validate._cu_values`), from a fresh memo; devices unchecked (CPU)."""
     monkeypatch.setattr(validate, "check_devices", lambda **tensors: None)
     monkeypatch.setattr(validate, "_checked_cu", (None, None, None))
     reads = []
     cu_values = validate._cu_values
     monkeypatch.setattr(validate, "_cu_values", lambda cu: reads.append(1) or cu_values(cu))
+    return reads
+
+
+def check_cu(cu, tokens=130):
     x = inputs()
+    return validate.check_forward_inputs(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu, 64) if tokens == 130 \
+        else validate._check_cu_values(cu, tokens)
 
-    def check(cu):
-        return validate.check_forward_inputs(x["q"], x["k"], x["v"], x["gk"], x["beta"], cu, 64)
 
+def test_cu_seqlens_values_cross_to_the_host_once_per_tensor_and_write(cu_reads):
+    """A model's layers share one cu_seqlens per step: its values are read (a host synchronisation) on its first call
+    only, until torch records a write to it; a new tensor with the same values, an in-place write, another T and an
+    inference tensor (no version counter) are read again, and values that failed are never remembered."""
     cu = torch.tensor([0, 64, 130], dtype=torch.int32)
     for _ in range(3):
-        check(cu)
-    assert len(reads) == 1, "an unwritten cu_seqlens was read again"
-    check(cu.clone())
-    assert len(reads) == 2, "another tensor with the same values must be read"
+        check_cu(cu)
+    assert len(cu_reads) == 1, "an unwritten cu_seqlens was read again"
+    check_cu(cu.clone())
+    assert len(cu_reads) == 2, "another tensor with the same values must be read"
+    with pytest.raises(ValueError, match="end at T=131"):
+        check_cu(cu, tokens=131)  # the same tensor, another T
     cu = torch.tensor([0, 64, 130], dtype=torch.int32)
-    check(cu)
+    check_cu(cu)
+    assert len(cu_reads) == 4
     cu[1] = 140  # in place: the version counter moves
-    with pytest.raises(ValueError, match=r"cu_seqlens must be non-decreasing, got cu_seqlens\[1\]=140"):
-        check(cu)
+    for _ in range(2):  # a tensor that failed is read (and fails) again
+        with pytest.raises(ValueError, match=r"cu_seqlens must be non-decreasing, got cu_seqlens\[1\]=140"):
+            check_cu(cu)
     cu[1] = 64
-    check(cu)
+    check_cu(cu)
     cu[1:2].fill_(131)  # through a view: the same counter
     with pytest.raises(ValueError, match=r"non-decreasing"):
-        check(cu)
-    cu[1] = 64
-    check(cu)
-    reads.clear()
+        check_cu(cu)
+    cu_reads.clear()
     with torch.inference_mode():
         frozen = torch.tensor([0, 64, 130], dtype=torch.int32)
-        check(frozen)
-        check(frozen)
-    assert len(reads) == 2, "an inference tensor has no version counter: its values must be read every call"
+        check_cu(frozen)
+        check_cu(frozen)
+    assert len(cu_reads) == 2, "an inference tensor has no version counter: its values must be read every call"
+
+
+def test_strict_validation_reads_cu_seqlens_on_every_call(cu_reads, monkeypatch):
+    """KDAJIT_VALIDATE=strict also catches writes the version counter misses (collectives, `.data`, raw kernels)."""
+    cu = torch.tensor([0, 64, 130], dtype=torch.int32)
+    check_cu(cu)
+    cu.data[1] = 140  # not recorded by the version counter
+    check_cu(cu)  # full: remembered
+    monkeypatch.setenv("KDAJIT_VALIDATE", "strict")
+    with pytest.raises(ValueError, match=r"non-decreasing"):
+        check_cu(cu)
+    assert len(cu_reads) == 2
+
+
+def test_compiled_validation_reads_every_cu_seqlens(cu_reads):
+    """Under torch.compile the tensor's identity is not guarded, so a remembered tensor must not let another through
+    (intra / recompute_w_u with out= trace the validation itself)."""
+    compiled = torch.compile(check_cu, backend="eager")
+    good = torch.tensor([0, 64, 130], dtype=torch.int32)
+    compiled(good)
+    compiled(good)
+    with pytest.raises(ValueError, match=r"non-decreasing"):
+        compiled(torch.tensor([0, 200, 130], dtype=torch.int32))
 
 
 def test_validation_checks_the_alignment_every_kernel_assumes():
