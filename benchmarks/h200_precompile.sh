@@ -70,30 +70,27 @@ for qg_config in "on --config $persistent_c1" "off --config $tile_w8"; do
     "$config"
   precompile_chunk 32 --io fp16 --beta fp16 --kv 64 --varlen dense,cu32 --qg "$qg" --config ref "$flag" "$config"
 done
-# forward's untuned configuration at K = V = 128 without QG (keys.UNTUNED_SQUARE_CONFIGS), for the coverage,
-# grouped-head and any-gate tests' forward calls at that size
+# forward's untuned configuration where K = V pads to 64 or 128 without QG (keys.UNTUNED_SQUARE_CONFIGS; precompile
+# without --config builds it beside the reference), for the forward calls of the coverage, grouped-head, any-gate and
+# FLA-backend tests and of the bench rows: K = V = 128 both gates, 64 / 60 / 100 safe, 100 any (FLA's D = 100 shapes)
 precompile --only fused_forward --io bf16 --beta bf16,fp32 --kv 128 --varlen dense,cu32,cu64 --qg off
 precompile --only fused_forward --io fp16 --beta fp16 --kv 128 --varlen dense,cu32,cu64 --qg off
-# ... and its padded head sizes (K = 60, 100; K != V: 100 x 60, 100 x 128, 64 x 60, 4 x 252, 252 x 4), the same
-# configurations; the coverage bench's K = 60 / 100 rows are bf16 dense without QG
+cov --only fused_forward --io bf16 --beta bf16 --kv 64,60,100 --varlen dense,cu32 --qg off
+cov --only fused_forward --io fp16 --beta fp16 --kv 64,100 --varlen dense,cu32 --qg off
+precompile --only fused_forward --gate any --io bf16 --beta bf16 --kv 100 --varlen dense,cu64 --qg off
+# tests/test_gpu_coverage.py's padded head sizes (K = 60, 100; K != V: 100 x 60, 100 x 128, 64 x 60, 4 x 252,
+# 252 x 4), the configurations of its other cases
 for qg_config in "on --config $persistent_c1" "off --config $tile_w8"; do
   read -r qg flag config <<< "$qg_config"
   cov --io bf16 --beta bf16 --kv 60,100x60,100,100x128,64x60,4x252,252x4 --varlen dense,cu32 --qg "$qg" --config ref \
     "$flag" "$config"
   cov --io fp16 --beta fp16 --kv 100 --varlen dense,cu32 --qg "$qg" --config ref "$flag" "$config"
 done
-# forward's untuned configuration where K = V pads to 64 or 128 without QG (keys.UNTUNED_SQUARE_CONFIGS), for the
-# coverage tests' and the bench rows' forward calls at K = V = 64, 60, 100
-persistent_a1="persistent=true;ctas_per_sm=2;raster=head;loads_ahead=1"
-cov --io bf16 --beta bf16 --kv 64,60,100 --varlen dense,cu32 --qg off --config "$persistent_a1"
-cov --io fp16 --beta fp16 --kv 64,100 --varlen dense,cu32 --qg off --config "$persistent_a1"
 # tests/test_gpu_fla_backend.py's FLA shapes with D = 60 (safe gate) and 100 (any gate), dense and cu64
 precompile --gate safe --io bf16 --beta bf16 --kv 60 --varlen dense --qg on --config ref
-precompile --gate safe --io bf16 --beta bf16 --kv 60 --varlen dense --qg off --config ref --config "$tile_w8" \
-  --config "$persistent_a1"
+precompile --gate safe --io bf16 --beta bf16 --kv 60 --varlen dense --qg off --config ref --config "$tile_w8"
 precompile --gate any --io bf16 --beta bf16 --kv 100 --varlen dense,cu64 --qg on --config ref
-precompile --gate any --io bf16 --beta bf16 --kv 100 --varlen dense,cu64 --qg off --config ref --config "$tile_w8" \
-  --config "$persistent_a1"
+precompile --gate any --io bf16 --beta bf16 --kv 100 --varlen dense,cu64 --qg off --config ref --config "$tile_w8"
 fused_bf16_128 --gate safe --beta bf16,fp32 --varlen dense --qg off "${configs[@]}"  # bench_forward rows
 cov --io bf16 --beta bf16 --kv 256 --varlen dense --qg off \
   --config "persistent=true;ctas_per_sm=1;raster=head;loads_ahead=0;warps=8"  # the K = 256 row's 8-warp persistent
