@@ -1,7 +1,7 @@
 """Where the fused kernel's time goes: time variants of it that leave phases out.
 
-    python benchmarks/fused_phases.py --export DIR [--chunk 32] [--gate any] [--kv 60]   # compile the variants (no GPU)
-    python benchmarks/fused_phases.py [--objects DIR] [--chunk 32] [--gate any] [--kv 60] [--json out.json]  # time them
+    python benchmarks/fused_phases.py --export DIR [--chunk 32] [--gate any] [--kv 60] [--varlen]   # compile (no GPU)
+    python benchmarks/fused_phases.py [--objects DIR] [--chunk 32] [--gate any] [--kv 60] [--varlen] [--json out.json]
     ncu --profile-from-start off --clock-control none --set full -o OUT \
         python benchmarks/fused_phases.py --objects DIR --only tile-w8.all --profile    # one launch, under ncu
 
@@ -15,7 +15,9 @@ reachable from `kdajit.forward`); the differences between variants bound what ea
 the others run beside it. Shape: B=2 T=8192 H=64, bf16 beta, output_qg=False (the main bench row), chunk 64
 unless `--chunk 32`, the safe-gate path unless `--gate any` (safe_gate=False; its diagonal blocks cost more in the
 rows of steep gates, so `--gate-scale S` times it on FLA's logsigmoid gates times S instead of the safe ones),
-K = V = 128 unless `--kv` names another head size (the objects of a directory are of the size they were exported with).
+K = V = 128 unless `--kv` names another head size (the objects of a directory are of the size they were exported with);
+with `--varlen` the cu32 kernels instead, timed on bench_forward's packed row (32 sequences of lengths uniform in
+1..4096, seed 0, H=64).
 Variants are compiled in this process unless `--objects` names a directory written by `--export`.
 """
 from __future__ import annotations
@@ -39,11 +41,12 @@ CONFIGS = {"tile": dict(), "tile-w8": dict(warps=8),  # persistent: 8 warps, 4 a
            "persistent-c2-head-a1-w8": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1, warps=8)}
 
 
-def variant_kernel(config_name: str, phases: tuple[str, ...], chunk: int, safe_gate: bool, kv: int):
+def variant_kernel(config_name: str, phases: tuple[str, ...], chunk: int, safe_gate: bool, kv: int,
+                   varlen: bool = False):
     from kdajit.keys import ForwardSpec, FusedConfig
     from kdajit.templates.fused_forward import FusedForward
 
-    spec = ForwardSpec("bf16", "dense", kv, kv, chunk, False, "sm_90a", safe_gate=safe_gate)
+    spec = ForwardSpec("bf16", "cu32" if varlen else "dense", kv, kv, chunk, False, "sm_90a", safe_gate=safe_gate)
     key = spec.fused_key(FusedConfig(**CONFIGS[config_name]))
     kernel = FusedForward(key)
     kernel.phases = phases
@@ -80,12 +83,19 @@ def selected(only: list[str] | None, objects: str | None = None) -> list[tuple[s
     return [(c, n) for c, n in pairs if f"{c}.{n}" in only]
 
 
-def export(directory: str, chunk: int, only: list[str] | None, safe_gate: bool, kv: int) -> None:
+def packed_lengths(sequences: int = 32, seed: int = 0) -> list[int]:
+    """bench_forward's packed row: `sequences` lengths uniform in 1..4096 from a seeded CPU generator."""
+    import torch
+
+    return torch.randint(1, 4097, (sequences,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def export(directory: str, chunk: int, only: list[str] | None, safe_gate: bool, kv: int, varlen: bool = False) -> None:
     from kdajit import compiler
 
     os.makedirs(directory, exist_ok=True)
     for config_name, name in selected(only):
-        key, kernel = variant_kernel(config_name, VARIANTS[name], chunk, safe_gate, kv)
+        key, kernel = variant_kernel(config_name, VARIANTS[name], chunk, safe_gate, kv, varlen)
         if not kernel.can_implement(key):  # e.g. a persistent configuration at a size whose CTAs do not fit
             print(f"{config_name} {name}: not buildable at this size, skipped", flush=True)
             continue
@@ -95,7 +105,7 @@ def export(directory: str, chunk: int, only: list[str] | None, safe_gate: bool, 
 
 
 def time_variants(objects: str | None, chunk: int, only: list[str] | None, profile: bool,
-                  safe_gate: bool, kv: int, gate_scale: float | None = None) -> list[dict]:
+                  safe_gate: bool, kv: int, gate_scale: float | None = None, varlen: bool = False) -> list[dict]:
     """Median times of the selected variants; with `profile`, instead one launch of each between
     cudaProfilerStart and cudaProfilerStop (for `ncu --profile-from-start off`), after a warm-up."""
     import torch
@@ -105,12 +115,16 @@ def time_variants(objects: str | None, chunk: int, only: list[str] | None, profi
     from kdajit.keys import FusedConfig, FusedForwardKey
 
     B, T, H = 2, 8192, 64
+    cu = torch.zeros(1, dtype=torch.int32, device="cuda")  # a dummy the dense kernels never read
+    if varlen:
+        lengths = packed_lengths()
+        B, T = 1, sum(lengths)
+        cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32).cuda()
     x = reference.make_inputs(B, T, H, kv, kv, beta_dtype=torch.bfloat16, device="cuda", chunk_size=chunk,
-                              gate_scale=gate_scale)
+                              gate_scale=gate_scale, cu_seqlens=cu if varlen else None)
     empty = lambda d: torch.empty(B, T, H, d, dtype=torch.bfloat16, device="cuda")
     outs = (empty(chunk), empty(chunk), empty(kv), empty(kv), empty(kv))
     qg = torch.zeros(1, 1, 1, kv, dtype=torch.bfloat16, device="cuda")
-    dummy = torch.zeros(1, dtype=torch.int32, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     inputs = {n: x[n] for n in ("q", "k", "v", "gk", "beta")}
     results = []
@@ -120,10 +134,10 @@ def time_variants(objects: str | None, chunk: int, only: list[str] | None, profi
         if objects:
             fn = compiler.load_object(os.path.join(objects, object_name(config_name, name)))
         else:
-            key, kernel = variant_kernel(config_name, phases, chunk, safe_gate, kv)
+            key, kernel = variant_kernel(config_name, phases, chunk, safe_gate, kv, varlen)
             fn = compiler.callable_of(compiler.compile_template(kernel, key.arch))
         call = lambda: api._launch(fn, FusedForwardKey, **inputs, Aqk=outs[0], Akk=outs[1], w=outs[2],
-                                   u=outs[3], kg=outs[4], qg=qg, cu_seqlens=dummy,
+                                   u=outs[3], kg=outs[4], qg=qg, cu_seqlens=cu,
                                    scale=kv ** -0.5, max_ctas=grid_bound)
         if profile:
             for _ in range(5):
@@ -137,7 +151,7 @@ def time_variants(objects: str | None, chunk: int, only: list[str] | None, profi
             continue
         ms = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
         results.append({"config": config_name, "variant": name, "phases": list(phases), "chunk": chunk,
-                        "safe_gate": safe_gate, "kv": kv, "gate_scale": gate_scale, "ms": ms})
+                        "safe_gate": safe_gate, "kv": kv, "gate_scale": gate_scale, "varlen": varlen, "ms": ms})
         print(f"| {config_name} | {name} | {ms:.3f} |", flush=True)
     return results
 
@@ -152,20 +166,22 @@ def main(argv=None) -> int:
     parser.add_argument("--gate-scale", type=float, default=None,
                         help="time on FLA's logsigmoid gates times this (default: the safe gates)")
     parser.add_argument("--kv", type=int, default=128, help="head size K = V (default 128)")
+    parser.add_argument("--varlen", action="store_true",
+                        help="the cu32 kernels, timed on bench_forward's packed row (32 sequences, H=64)")
     parser.add_argument("--json", help="write the timings here")
     parser.add_argument("--only", nargs="+", metavar="CONFIG.VARIANT", help="only these variants (e.g. tile-w8.all)")
     parser.add_argument("--profile", action="store_true",
                         help="launch each variant once between cudaProfilerStart/Stop (for ncu) instead of timing")
     args = parser.parse_args(argv)
     if args.export:
-        export(args.export, args.chunk, args.only, args.gate == "safe", args.kv)
+        export(args.export, args.chunk, args.only, args.gate == "safe", args.kv, args.varlen)
         return 0
     if args.profile and args.json:
         parser.error("--json: nothing is timed with --profile")
     if not args.profile:
         print("| config | phases kept | ms |\n|---|---|---|")
     results = time_variants(args.objects, args.chunk, args.only, args.profile, args.gate == "safe", args.kv,
-                            args.gate_scale)
+                            args.gate_scale, args.varlen)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -69,14 +69,14 @@ stage() {  # stage NAME SECONDS CMD...: run CMD with a time limit, log to $out/N
   echo "== $name: rc=$rc in $((SECONDS - t0)) s"; tail -n 25 "$out/$name.log"
   [[ $rc -eq 0 ]] || status=$rc
 }
-compare_sets() {  # compare_sets BASE_DIR OTHER_DIR PREFIX [REFERENCE]: compare_objects.py on every kvK-GATE set of
-  # BASE_DIR (with REFERENCE, each OTHER object against BASE's REFERENCE.all.o)
-  local set_dir name kv_gate
+compare_sets() {  # compare_sets BASE_DIR OTHER_DIR PREFIX [REFERENCE]: compare_objects.py on every kvK-GATE set
+  # (kvK-GATE-varlen: cu32 objects) of BASE_DIR (with REFERENCE, each OTHER object against BASE's REFERENCE.all.o)
+  local set_dir name kv gate varlen
   for set_dir in "$1"/kv*/; do
     [[ -d "$set_dir" ]] || continue
-    name=$(basename "$set_dir"); kv_gate=${name#kv}
-    stage "$3_$name" 120 python3 benchmarks/compare_objects.py "$set_dir" "$2/$name" --kv "${kv_gate%-*}" \
-      --gate "${kv_gate#*-}" ${4:+--reference "$4"}
+    name=$(basename "$set_dir"); IFS=- read -r kv gate varlen <<<"${name#kv}"
+    stage "$3_$name" 120 python3 benchmarks/compare_objects.py "$set_dir" "$2/$name" --kv "$kv" --gate "$gate" \
+      ${varlen:+--varlen} ${4:+--reference "$4"}
   done
 }
 run_stage() {
@@ -134,16 +134,19 @@ run_stage() {
     compare)  # COMPARE_BASE's whole fused kernels against this tree's, bit for bit (h200_precompile.sh)
       compare_sets /tmp/precompiled/compare/base /tmp/precompiled/compare/head compare ;;
     extra)  # experiments' objects under the tarball's extra/EXP/ (exported from other trees with other_tree.py):
-      # EXP/phases/ (safe gate, K = 128) and EXP/phases-kvK/ (head size K) timed with fused_phases,
-      # EXP/compare/main/kvK-GATE/ against EXP/compare/EXP/kvK-GATE/ bit for bit (compare_objects.py; if the file
+      # EXP/phases/ (safe gate, K = 128), EXP/phases-kvK/ (head size K) and EXP/phases-varlen/ (K = 128, cu32 kernels
+      # on the packed row) timed with fused_phases,
+      # EXP/compare/main/kvK-GATE[-varlen]/ against EXP/compare/EXP/ the same, bit for bit (compare_objects.py; if the file
       # EXP/compare/reference names a configuration, each EXP object against main's object of it)
       for exp in ${EXTRA_EXPS:-$(ls /tmp/precompiled/extra)}; do
         exp_dir=/tmp/precompiled/extra/$exp/
         [[ -d "$exp_dir" ]] || { echo "== extra: no $exp_dir in the tarball"; status=2; continue; }
         for phases_dir in "$exp_dir"phases*/; do
           [[ -d "$phases_dir" ]] || continue
-          name=$(basename "$phases_dir"); kv=${name#phases}; kv=${kv#-kv}
-          stage "extra_${exp}_$name" 120 python3 benchmarks/fused_phases.py --objects "$phases_dir" --kv "${kv:-128}"
+          name=$(basename "$phases_dir"); kv=${name#phases}; kv=${kv#-kv}; varlen=
+          [[ "$kv" == -varlen ]] && { kv=; varlen=--varlen; }
+          stage "extra_${exp}_$name" 120 python3 benchmarks/fused_phases.py --objects "$phases_dir" --kv "${kv:-128}" \
+            $varlen
         done
         compare_sets "${exp_dir}compare/main" "${exp_dir}compare/$exp" "extra_${exp}_compare" \
           "$(cat "${exp_dir}compare/reference" 2>/dev/null)"

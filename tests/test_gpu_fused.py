@@ -108,6 +108,16 @@ def test_configs_equal_standalone_with_many_tiles_per_cta(seed, config):
     assert_bitwise(fused(x, cu, False, config), standalone(x, cu, False), f"varlen, {config}")
 
 
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c.persistent], ids=lambda c: c.slug())
+def test_persistent_walk_over_long_sequences_equals_standalone(seed, config):
+    # A persistent CTA's next varlen tile is x + gridDim.x / HV chunks on (raster head) or gridDim.x chunks on (raster
+    # chunk, wrapping to the next head): with HV = 32 and sequences of up to 20,000 tokens (313 chunks) many of a
+    # CTA's tiles lie in the sequence of its previous tile, and many cross into a later one or wrap back.
+    lengths = [20000, 1, 64, 0, 65] + torch.randint(1, 4097, (10,)).tolist() + [8192, 63]
+    x, cu = varlen_inputs(lengths, 32, torch.bfloat16, torch.int64)
+    assert_bitwise(fused(x, cu, False, config), standalone(x, cu, False), f"varlen {lengths}, {config}")
+
+
 def test_fused_accuracy_against_fp64(seed):
     lengths = [1, 63, 65, 200, 130]
     x, cu = varlen_inputs(lengths, 2, torch.bfloat16)
