@@ -32,11 +32,13 @@ python benchmarks/fused_phases.py --export .gpu-cache/phases
 python benchmarks/fused_phases.py --export .gpu-cache/pany/head --gate any --only tile-w8.all tile-w8.loads+intra \
   tile-w8.compute-only tile.all
 # the padded head sizes' phase variants (h200_session.sh phasespad): K = 60 and 64 in the 4-warp tile, K = 100 in
-# tile-w8 (forward's configurations there until 0959a4a)
+# tile-w8 (forward's configurations there until 0959a4a), and all three in persistent-c2-head-a1 (since then)
 phase_variants() { printf "$1.%s " loads loads+intra loads+intra+inverse all compute-only; }
-python benchmarks/fused_phases.py --export .gpu-cache/pad/k60 --kv 60 --only $(phase_variants tile)
-python benchmarks/fused_phases.py --export .gpu-cache/pad/k64 --kv 64 --only $(phase_variants tile)
-python benchmarks/fused_phases.py --export .gpu-cache/pad/k100 --kv 100 --only $(phase_variants tile-w8)
+a1=persistent-c2-head-a1
+python benchmarks/fused_phases.py --export .gpu-cache/pad/k60 --kv 60 --only $(phase_variants tile) $(phase_variants $a1)
+python benchmarks/fused_phases.py --export .gpu-cache/pad/k64 --kv 64 --only $(phase_variants tile) $(phase_variants $a1)
+python benchmarks/fused_phases.py --export .gpu-cache/pad/k100 --kv 100 --only $(phase_variants tile-w8) \
+  $(phase_variants $a1)
 # COMPARE_BASE=<commit>: that commit's whole fused kernels beside this tree's (h200_session.sh compare), for a change
 # meant to keep the bits whose PTX differs; COMPARE_SETS lists the sets K-GATE (both 4- and 8-warp tiles each)
 if [[ -n "${COMPARE_BASE:-}" ]]; then

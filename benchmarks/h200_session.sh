@@ -126,7 +126,8 @@ run_stage() {
             --gate-scale $scale --json "$out/phasesany_${name}_x$scale.json"
         done
       done ;;
-    phasespad)  # the padded head sizes' phase variants from the tarball's pad/ (K = 60, 64: tile; K = 100: tile-w8)
+    phasespad)  # the padded head sizes' phase variants from the tarball's pad/ (K = 60, 64: tile; K = 100: tile-w8; all
+      # three: persistent-c2-head-a1)
       for dir in /tmp/precompiled/pad/k*/; do
         kv=$(basename "$dir"); kv=${kv#k}
         stage "phasespad_k$kv" 120 python3 benchmarks/fused_phases.py --objects "$dir" --kv "$kv"
