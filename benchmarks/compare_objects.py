@@ -26,25 +26,39 @@ SHAPES = ((2, 1000, 8), (1, 50, 1))  # (B, T, H)
 VARLEN_SHAPES = (([1, 15, 63, 0, 64, 65, 500, 1000], 8), ("packed", 8), ("packed", 32))  # (lengths, H)
 
 
-def run_object(path: str, kv: int, any_gate: bool, shape: tuple):
-    """The five outputs of one exported fused kernel (bf16, no QG, chunk 64) on seed-0 inputs of `shape`: (B, T, H), or
-    (lengths, H) for packed sequences (cu32; "packed": bench_forward's 32 lengths in 1..4096)."""
+def shape_inputs(kv: int, any_gate: bool, shape: tuple) -> tuple:
+    """(inputs, cu_seqlens or None, label): seed-0 inputs on the GPU of `shape`, (B, T, H) or (lengths, H) for packed
+    sequences (cu32; "packed": bench_forward's 32 lengths in 1..4096)."""
     import torch
 
-    from fused_phases import config_of, max_ctas, packed_lengths
-    from kdajit import api, compiler, reference
+    from fused_phases import packed_lengths
+    from kdajit import reference
 
     cu = None
     if len(shape) == 2:
         lengths = packed_lengths() if shape[0] == "packed" else shape[0]
         B, T, H = 1, sum(lengths), shape[1]
         cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32).cuda()
+        label = f"{len(lengths)} seqs, T={T}, H={H}"
     else:
         B, T, H = shape
+        label = f"{shape}"
     gen = torch.Generator().manual_seed(0)
     x = reference.make_inputs(B, T, H, kv, kv, beta_dtype=torch.bfloat16, device="cuda", generator=gen,
                               gate_scale=10.0 if any_gate else None, gate_zeros=0.25 if any_gate else 0.0,
                               cu_seqlens=cu)
+    return x, cu, label
+
+
+def run_object(path: str, kv: int, x: dict, cu) -> list:
+    """The five outputs of one exported fused kernel (bf16, no QG, chunk 64) on `shape_inputs`' inputs, written into
+    outputs poisoned with NaN."""
+    import torch
+
+    from fused_phases import config_of, max_ctas
+    from kdajit import api, compiler
+
+    B, T, H = x["gk"].shape[:3]
     outs = [torch.full((B, T, H, d), float("nan"), dtype=torch.bfloat16, device="cuda") for d in (64, 64, kv, kv, kv)]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     kernels = api._Kernels(None, None, None, compiler.load_object(path), max_ctas(config_of(path), sms))
@@ -75,20 +89,19 @@ def main(argv=None) -> int:
     if not pairs:
         raise SystemExit(f"no CONFIG.all.o to compare in {args.dir_a} and {args.dir_b}")
     differs = False
-    print("| object | B, T, H | " + " | ".join(OUTPUTS) + " |\n|---|---|" + "---|" * len(OUTPUTS))
-    for path_a, path_b in pairs:
-        name = os.path.basename(path_b)
-        for shape in VARLEN_SHAPES if args.varlen else SHAPES:
-            a, b = (run_object(path, args.kv, args.gate == "any", shape) for path in (path_a, path_b))
+    print("| object | shape | " + " | ".join(OUTPUTS) + " |\n|---|---|" + "---|" * len(OUTPUTS))
+    for shape in VARLEN_SHAPES if args.varlen else SHAPES:
+        x, cu, label = shape_inputs(args.kv, args.gate == "any", shape)  # once per shape: the packs take seconds
+        for path_a, path_b in pairs:
+            a, b = (run_object(path, args.kv, x, cu) for path in (path_a, path_b))
             cells = []
-            for x, y in zip(a, b):
-                same = torch.equal(x.view(torch.int16), y.view(torch.int16))
+            for u, w in zip(a, b):
+                same = torch.equal(u.view(torch.int16), w.view(torch.int16))
                 differs |= not same
                 cells.append("same bits" if same else
-                             f"DIFFERENT ({(x.view(torch.int16) != y.view(torch.int16)).sum()})")
-            label = f"{shape[0] if isinstance(shape[0], str) else len(shape[0])} seqs, H={shape[1]}" \
-                if args.varlen else shape
-            print(f"| {name} | {label} | " + " | ".join(cells) + " |", flush=True)
+                             f"DIFFERENT ({(u.view(torch.int16) != w.view(torch.int16)).sum()})")
+            print(f"| {os.path.basename(path_b)} | {label} | " + " | ".join(cells) + " |", flush=True)
+            del a, b
     return 1 if differs else 0
 
 
