@@ -37,9 +37,12 @@ SPECS += UNEQUAL_HEADS
 # (one copy per whole, unpadded row) must leave to cp.async.
 PADDED_BY_EIGHT = ForwardSpec("bf16", "dense", 96, 96, 64, False, "sm_90a")
 SPECS.append(PADDED_BY_EIGHT)
-# Every kernel `forward`/`intra`/`recompute_w_u` run, plus the fused kernel in every configuration of its space.
+# Every kernel `forward`/`intra`/`recompute_w_u` run, plus the fused kernel in every configuration of its space that
+# fits the specialization (two persistent CTAs per SM do not fit K = 256, for one: `can_implement` refuses those, and
+# `test_fused_refuses_configs_that_do_not_fit` checks that).
 KEYS = sorted({key for spec in SPECS for key in spec.kernel_keys()}
-              | {spec.fused_key(c) for spec in SPECS if spec.uses_fused for c in keys.FUSED_CONFIG_SPACE},
+              | {key for spec in SPECS if spec.uses_fused for key in map(spec.fused_key, keys.FUSED_CONFIG_SPACE)
+                 if compiler.template_class(key).can_implement(key)},
               key=lambda k: (k.arch != "sm_90a", k.canonical()))
 # Each template's reference configuration: the reference spec (the demo's) on the reference arch.
 REFERENCE = ForwardSpec("bf16", "cu32", 128, 128, 64, True, "sm_90a").kernel_keys()
@@ -105,6 +108,9 @@ def test_fused_refuses_configs_that_do_not_fit():
     assert not cls.can_implement(spec.fused_key(FusedConfig(False, loads_ahead=1)))  # no next tile to load
     assert not cls.can_implement(spec.fused_key(FusedConfig(True, 2, "chunk", 2)))  # loads_ahead is 0 or 1
     assert not cls.can_implement(dataclasses.replace(spec.fused_key(), arch="sm_80"))
+    largest = ForwardSpec("bf16", "cu32", 256, 256, 64, False, "sm_90a")  # 208,896 B: one CTA per SM
+    assert not cls.can_implement(largest.fused_key(FusedConfig(True, 2, "head", 1)))
+    assert cls.can_implement(largest.fused_key(FusedConfig(True, 1, "head", 1)))
 
 
 def test_every_untuned_fused_configuration_is_buildable():
