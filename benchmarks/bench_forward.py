@@ -92,14 +92,23 @@ def kernel_breakdown(fn) -> list[tuple[str, float]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
+def packed_lengths(sequences: int = 32, seed: int = 0) -> list[int]:
+    """The packed rows' sequence lengths: uniform in 1..4096 from a seeded CPU generator."""
+    return torch.randint(1, 4097, (sequences,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def packed_cu_seqlens(lengths: list[int]) -> torch.Tensor:
+    """int32 cu_seqlens of packed sequences of `lengths`, on the GPU."""
+    return torch.tensor([0] + list(lengths), dtype=torch.int32).cumsum(0, dtype=torch.int32).cuda()
+
+
 def make_row_inputs(B, T, H, beta, sequences, io="bf16", K=128, group=1, safe_gate=True, chunk=64, gate_scale=1.0):
     beta_dtype = BETA_TORCH_DTYPES[beta]
     cu = None
     if sequences:
-        g = torch.Generator().manual_seed(0)
-        lengths = torch.randint(1, 4097, (sequences,), generator=g)
-        cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32).cuda()
-        B, T = 1, int(lengths.sum())
+        lengths = packed_lengths(sequences)
+        cu = packed_cu_seqlens(lengths)
+        B, T = 1, sum(lengths)
     x = reference.make_inputs(B, T, H // group, K, K, beta_dtype=beta_dtype, io_dtype=IO_TORCH_DTYPES[io],
                               cu_seqlens=cu, value_heads=H, device="cuda", gate_scale=None if safe_gate else gate_scale,
                               chunk_size=chunk)

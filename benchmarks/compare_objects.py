@@ -31,14 +31,14 @@ def shape_inputs(kv: int, any_gate: bool, shape: tuple) -> tuple:
     sequences (cu32; "packed": bench_forward's 32 lengths in 1..4096)."""
     import torch
 
-    from fused_phases import packed_lengths
+    from bench_forward import packed_cu_seqlens, packed_lengths
     from kdajit import reference
 
     cu = None
     if len(shape) == 2:
         lengths = packed_lengths() if shape[0] == "packed" else shape[0]
         B, T, H = 1, sum(lengths), shape[1]
-        cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32).cuda()
+        cu = packed_cu_seqlens(lengths)
         label = f"{len(lengths)} seqs, T={T}, H={H}"
     else:
         B, T, H = shape

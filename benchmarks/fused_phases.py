@@ -83,13 +83,6 @@ def selected(only: list[str] | None, objects: str | None = None) -> list[tuple[s
     return [(c, n) for c, n in pairs if f"{c}.{n}" in only]
 
 
-def packed_lengths(sequences: int = 32, seed: int = 0) -> list[int]:
-    """bench_forward's packed row: `sequences` lengths uniform in 1..4096 from a seeded CPU generator."""
-    import torch
-
-    return torch.randint(1, 4097, (sequences,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
 def export(directory: str, chunk: int, only: list[str] | None, safe_gate: bool, kv: int, varlen: bool = False) -> None:
     from kdajit import compiler
 
@@ -117,9 +110,11 @@ def time_variants(objects: str | None, chunk: int, only: list[str] | None, profi
     B, T, H = 2, 8192, 64
     cu = torch.zeros(1, dtype=torch.int32, device="cuda")  # a dummy the dense kernels never read
     if varlen:
+        from bench_forward import packed_cu_seqlens, packed_lengths
+
         lengths = packed_lengths()
         B, T = 1, sum(lengths)
-        cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32).cuda()
+        cu = packed_cu_seqlens(lengths)
     x = reference.make_inputs(B, T, H, kv, kv, beta_dtype=torch.bfloat16, device="cuda", chunk_size=chunk,
                               gate_scale=gate_scale, cu_seqlens=cu if varlen else None)
     empty = lambda d: torch.empty(B, T, H, d, dtype=torch.bfloat16, device="cuda")
