@@ -49,8 +49,8 @@ spare: X00 is swizzled rather than padded for that reason).
 Scheduling (`FusedConfig`): one tile per CTA on the standalone grid (templates/common.py), or
 persistent CTAs walking tile indices with a static stride (tile = blockIdx.x, += gridDim.x), each
 index mapped to (chunk, head, batch) in the configured raster order and then to rows as the standalone kernels
-map them (`chunk_coords`; varlen: `walk_coords`, which searches cu_seqlens only when a tile leaves the sequence
-of the CTA's previous tile). With loads_ahead=0 each warp issues the next tile's loads (its rows; with TMA loads warp 0 all
+map them (`chunk_coords`; varlen with 4 warps: `walk_coords`, which searches cu_seqlens only when a tile leaves the
+sequence of the CTA's previous tile). With loads_ahead=0 each warp issues the next tile's loads (its rows; with TMA loads warp 0 all
 of them) once it has issued its own W/U stores of the current tile (the q, k, g buffers were last read before
 the barrier that follows the gate rows), then waits for them. With loads_ahead=1 the next tile's loads are issued into
 buffers as soon as the current tile has finished reading them: q right after the intra phase (when
@@ -303,7 +303,7 @@ class FusedForward:
                 tiles_x: cutlass.Int32, cursor):
         """(valid, batch, head, row0, rows, cursor) of persistent tile index `tile` in the configured raster
         order (which of chunk x and head varies fastest); not valid when tile >= tiles. `cursor`: the varlen
-        walk's (`common.walk_coords`), returned advanced; unused when dense and with 8 warps."""
+        walk's (`common.walk_coords`), returned advanced; unused when dense or with 8 warps."""
         mG, mCuSeqlens = tensors[3], tensors[11]
         heads = mG.shape[2]
         x = tile % tiles_x
