@@ -11,7 +11,8 @@ so a chunk is always the same rows whichever kernel handles it:
   x = first(s) + c, c = 0 .. ceil(len_s / C) - 1, with first(s) = cu_seqlens[s] // C + s. For sorted
   cu_seqlens first(s + 1) - first(s) = cu[s+1] // C - cu[s] // C + 1 >= ceil(len_s / C), so the tiles
   of different sequences never meet, and first(N - 1) + ceil(len_{N-1} / C) <= T // C + N fits the
-  grid. Tile x finds its sequence by binary search over cu_seqlens alone; the spare tiles (at most
+  grid. Tile x finds its sequence by binary search over cu_seqlens alone (`chunk_coords`; a persistent CTA
+  searches only when its tile leaves the sequence of its previous one, `walk_coords`); the spare tiles (at most
   one per sequence) do nothing. The host passes cu_seqlens as it is: no host synchronisation, no
   device preparation.
 """
@@ -167,34 +168,87 @@ def chunk_coords(mCuSeqlens: cute.Tensor, seq_len_dense: cutlass.Int32, chunk: c
     row0 = cutlass.Int32(0)
     valid_rows = cutlass.Int32(0)
     if cutlass.const_expr(varlen):
-        n_seqs = mCuSeqlens.shape[0] - 1
         cu_dtype = mCuSeqlens.element_type
         tokens = cu_dtype(seq_len_dense)
-        # Largest s with first(s) = clamp(cu_seqlens[s]) // chunk + s <= x (the module docstring).
-        lo = cutlass.Int32(0)
-        hi = cutlass.Int32(n_seqs)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if cutlass.Int32(min(max(cu_dtype(mCuSeqlens[mid]), cu_dtype(0)), tokens)) // chunk + mid <= \
-                    cutlass.Int32(bidx):
-                lo = mid
-            else:
-                hi = mid
-        bos_cu = min(max(cu_dtype(mCuSeqlens[lo]), cu_dtype(0)), tokens)
-        eos_cu = min(max(cu_dtype(mCuSeqlens[lo + 1]), bos_cu), tokens)
-        bos = cutlass.Int32(bos_cu)
-        seq_len = cutlass.Int32(eos_cu) - bos
-        seq_chunks = seq_len // chunk + min(seq_len % chunk, 1)
-        chunk_in_seq = cutlass.Int32(bidx) - (bos // chunk + lo)
-        if chunk_in_seq < 0 or chunk_in_seq >= seq_chunks:
-            is_valid = cutlass.Boolean(False)
-        else:
-            row0 = bos + chunk_in_seq * chunk
-            valid_rows = min(seq_len - chunk_in_seq * chunk, chunk)
+        seq = sequence_of(mCuSeqlens, tokens, chunk, cutlass.Int32(bidx))
+        bos_cu = min(max(cu_dtype(mCuSeqlens[seq]), cu_dtype(0)), tokens)
+        eos_cu = min(max(cu_dtype(mCuSeqlens[seq + 1]), bos_cu), tokens)
+        is_valid, row0, valid_rows = rows_in_sequence(cutlass.Int32(bidx), seq, cutlass.Int32(bos_cu),
+                                                      cutlass.Int32(eos_cu), chunk)
     else:
         row0 = cutlass.Int32(bidx) * chunk
         valid_rows = min(seq_len_dense - row0, chunk)
     return is_valid, batch, row0, valid_rows
+
+
+@cute.jit
+def sequence_of(mCuSeqlens: cute.Tensor, tokens, chunk: cutlass.Constexpr, x: cutlass.Int32) -> cutlass.Int32:
+    """The sequence of varlen tile x: the largest s < N with first(s) = clamp(cu_seqlens[s]) // chunk + s <= x, else 0
+    (a binary search; `tokens`: T in cu_seqlens' dtype)."""
+    cu_dtype = mCuSeqlens.element_type
+    lo = cutlass.Int32(0)
+    hi = cutlass.Int32(mCuSeqlens.shape[0] - 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if cutlass.Int32(min(max(cu_dtype(mCuSeqlens[mid]), cu_dtype(0)), tokens)) // chunk + mid <= x:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@cute.jit
+def rows_in_sequence(x: cutlass.Int32, seq: cutlass.Int32, bos: cutlass.Int32, eos: cutlass.Int32,
+                     chunk: cutlass.Constexpr):
+    """(is_valid, row0, valid_rows) of varlen tile x in sequence `seq` with clamped bounds [bos, eos)."""
+    is_valid = cutlass.Boolean(True)
+    row0 = cutlass.Int32(0)
+    valid_rows = cutlass.Int32(0)
+    seq_len = eos - bos
+    seq_chunks = seq_len // chunk + min(seq_len % chunk, 1)
+    chunk_in_seq = x - (bos // chunk + seq)
+    if chunk_in_seq < 0 or chunk_in_seq >= seq_chunks:
+        is_valid = cutlass.Boolean(False)
+    else:
+        row0 = bos + chunk_in_seq * chunk
+        valid_rows = min(seq_len - chunk_in_seq * chunk, chunk)
+    return is_valid, row0, valid_rows
+
+
+# A persistent CTA's varlen cursor: (seq, first_next, bos, eos) of the sequence its last tile found, where
+# [first(seq), first_next) are the tiles x the binary search maps to seq (for sorted cu_seqlens; first(0) taken as 0,
+# first(seq) = bos // chunk + seq above). This one matches none.
+SEQ_CURSOR_START = (0, 0, 0, 0)
+_NO_NEXT_SEQUENCE = 2**31 - 1
+
+
+@cute.jit
+def walk_coords(mCuSeqlens: cute.Tensor, seq_len_dense: cutlass.Int32, chunk: cutlass.Constexpr, x: cutlass.Int32,
+                cursor):
+    """`chunk_coords` of varlen tile x for a persistent CTA, with its cursor (`SEQ_CURSOR_START`, then what the
+    previous call returned): (is_valid, row0, valid_rows, cursor). A tile of the cursor's sequence reads no
+    cu_seqlens value (a CTA's next tile is mostly in the same sequence: the search's dependent loads took a few
+    thousand cycles per tile); any other searches as `chunk_coords` does. For sorted cu_seqlens both give every
+    tile the same sequence, so the same rows; for unsorted ones the cursor's sequence may differ from the search's,
+    with the same clamps (garbage outputs, no access outside the tensors)."""
+    seq, first_next, bos, eos = (cutlass.Int32(c) for c in cursor)
+    first_lo = cutlass.Int32(0)
+    if seq > 0:
+        first_lo = bos // chunk + seq
+    if x < first_lo or x >= first_next:
+        cu_dtype = mCuSeqlens.element_type
+        tokens = cu_dtype(seq_len_dense)
+        n_seqs = cutlass.Int32(mCuSeqlens.shape[0] - 1)
+        seq = sequence_of(mCuSeqlens, tokens, chunk, x)
+        bos_cu = min(max(cu_dtype(mCuSeqlens[seq]), cu_dtype(0)), tokens)
+        next_cu = min(max(cu_dtype(mCuSeqlens[seq + 1]), cu_dtype(0)), tokens)
+        bos = cutlass.Int32(bos_cu)
+        eos = cutlass.Int32(max(next_cu, bos_cu))  # = min(max(cu[seq + 1], bos), T), chunk_coords' eos
+        first_next = cutlass.Int32(_NO_NEXT_SEQUENCE)
+        if seq + 1 < n_seqs:
+            first_next = cutlass.Int32(next_cu) // chunk + seq + 1
+    is_valid, row0, valid_rows = rows_in_sequence(x, seq, bos, eos, chunk)
+    return is_valid, row0, valid_rows, (seq, first_next, bos, eos)
 
 def global_vec(dtype, cols: int) -> int:
     """Elements per global vector access of a [.., cols] row of `dtype`: at most 16 bytes, and dividing `cols`, so

@@ -48,9 +48,9 @@ spare: X00 is swizzled rather than padded for that reason).
 
 Scheduling (`FusedConfig`): one tile per CTA on the standalone grid (templates/common.py), or
 persistent CTAs walking tile indices with a static stride (tile = blockIdx.x, += gridDim.x), each
-index mapped to (chunk, head, batch) in the configured raster order and then to rows by the same
-`chunk_coords` as the standalone kernels (dense and varlen; a varlen tile finds its sequence in
-cu_seqlens). With loads_ahead=0 each warp issues the next tile's loads (its rows; with TMA loads warp 0 all
+index mapped to (chunk, head, batch) in the configured raster order and then to rows as the standalone kernels
+map them (`chunk_coords`; varlen with 4 warps: `walk_coords`, which searches cu_seqlens only when a tile leaves the
+sequence of the CTA's previous tile). With loads_ahead=0 each warp issues the next tile's loads (its rows; with TMA loads warp 0 all
 of them) once it has issued its own W/U stores of the current tile (the q, k, g buffers were last read before
 the barrier that follows the gate rows), then waits for them. With loads_ahead=1 the next tile's loads are issued into
 buffers as soon as the current tile has finished reading them: q right after the intra phase (when
@@ -75,8 +75,8 @@ from cutlass.memory import SmemAllocator
 
 from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, LOADS_AHEAD, RASTER_ORDERS, VARLEN_MODES,
                          FusedForwardKey, head_dim_supported, padded_head_dim)
-from kdajit.templates.common import (DTYPES, IO_TYPES, chunk_coords, chunk_rows, fake_arguments, grid_shape,
-                                    make_struct, make_tf32_mma, sync_group)
+from kdajit.templates.common import (DTYPES, IO_TYPES, SEQ_CURSOR_START, chunk_coords, chunk_rows, fake_arguments,
+                                    grid_shape, make_struct, make_tf32_mma, sync_group, walk_coords)
 from kdajit.templates.tile_intra import (beta_row, init_tile_loads, intra_tile, issue_tile_loads, loads_mbar_fields,
                                          loads_of, make_row_copy, make_tma_tiles, padded_pitch, padded_tile_layout,
                                          wait_tile_loads, warp_schedule)
@@ -263,7 +263,8 @@ class FusedForward:
             gdim, _, _ = cute.arch.grid_dim()
             tiles = tiles_x * mG.shape[2] * mG.shape[0]  # varlen: B == 1
             tile = cutlass.Int32(bidx)
-            valid, batch, head, row0, rows = self.tile_at(tensors, tile, tiles, tiles_x)
+            cursor = SEQ_CURSOR_START
+            valid, batch, head, row0, rows, cursor = self.tile_at(tensors, tile, tiles, tiles_x, cursor)
             if cutlass.const_expr(self.config.loads_ahead == 0):
                 while tile < tiles:
                     if valid:
@@ -272,13 +273,14 @@ class FusedForward:
                                           phase)
                         phase = phase ^ 1
                     tile = tile + cutlass.Int32(gdim)
-                    valid, batch, head, row0, rows = self.tile_at(tensors, tile, tiles, tiles_x)
+                    valid, batch, head, row0, rows, cursor = self.tile_at(tensors, tile, tiles, tiles_x, cursor)
             else:
                 if valid:
                     self.load_tile(tensors, smem, ops, batch, head, row0, rows, rV, rBeta, "all", mbar)
                 while tile < tiles:
                     nxt = tile + cutlass.Int32(gdim)
-                    n_valid, n_batch, n_head, n_row0, n_rows = self.tile_at(tensors, nxt, tiles, tiles_x)
+                    n_valid, n_batch, n_head, n_row0, n_rows, cursor = self.tile_at(tensors, nxt, tiles, tiles_x,
+                                                                                    cursor)
                     if valid:
                         self.compute_tile(tensors, smem, ops, scale, batch, head, row0, rows, rV, rBeta, mbar,
                                           phase, (n_valid, n_batch, n_head, n_row0, n_rows))
@@ -298,9 +300,10 @@ class FusedForward:
 
     @cute.jit
     def tile_at(self, tensors: cutlass.Constexpr, tile: cutlass.Int32, tiles: cutlass.Int32,
-                tiles_x: cutlass.Int32):
-        """(valid, batch, head, row0, rows) of persistent tile index `tile` in the configured raster
-        order (which of chunk x and head varies fastest); not valid when tile >= tiles."""
+                tiles_x: cutlass.Int32, cursor):
+        """(valid, batch, head, row0, rows, cursor) of persistent tile index `tile` in the configured raster
+        order (which of chunk x and head varies fastest); not valid when tile >= tiles. `cursor`: the varlen
+        walk's (`common.walk_coords`), returned advanced; unused when dense or with 8 warps."""
         mG, mCuSeqlens = tensors[3], tensors[11]
         heads = mG.shape[2]
         x = tile % tiles_x
@@ -309,11 +312,15 @@ class FusedForward:
             head = tile % heads
             x = (tile // heads) % tiles_x
         z = tile // (tiles_x * heads)
-        valid, batch, row0, rows = chunk_coords(mCuSeqlens, mG.shape[1], self.chunk, self.varlen,
-                                                (x, min(z, mG.shape[0] - 1)))
+        if cutlass.const_expr(self.varlen and self.config.warps == 4):  # 8 warps: no registers to keep it (spills)
+            valid, row0, rows, cursor = walk_coords(mCuSeqlens, mG.shape[1], self.chunk, x, cursor)
+            batch = cutlass.Int32(0)
+        else:
+            valid, batch, row0, rows = chunk_coords(mCuSeqlens, mG.shape[1], self.chunk, self.varlen,
+                                                    (x, min(z, mG.shape[0] - 1)))
         if tile >= tiles:
             valid = cutlass.Boolean(False)
-        return valid, batch, head, row0, rows
+        return valid, batch, head, row0, rows, cursor
 
     @cute.jit
     def load_tile(self, tensors: cutlass.Constexpr, smem: cutlass.Constexpr, ops: cutlass.Constexpr,
