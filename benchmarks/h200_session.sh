@@ -18,7 +18,8 @@
 # the FLA-backend tests), stressconfigs (replays under other fused configurations), sanitizer
 # (compute-sanitizer, docs/reliability.md; SANITIZER_TOOLS picks tools, SANITIZER_K the tests), probe (racecheck of
 # benchmarks/racecheck_probe.py, with and without named barriers), anygate (tests/test_gpu_any_gate.py but the FLA
-# ratios), anygate_fla (those), benchany (bench_forward --gate any, main rows; BENCH_CONFIGS), ncu (Nsight Compute on one
+# ratios), anygate_fla (those), fla_ratio (the FLA-ratio accuracy tests of forward, coverage and any gate: a numerics
+# change's check; FLA_RATIO_K narrows them), benchany (bench_forward --gate any, main rows; BENCH_CONFIGS), ncu (Nsight Compute on one
 # launch of the fused_phases variants NCU_VARIANTS, default tile-w8.all, of NCU_OBJECTS at head size NCU_KV, default
 # the tarball's phases/ at 128, summarized by benchmarks/ncu_report.py; needs a
 # machine whose runtime lets ncu read the counters: Firecracker, not gVisor). A stage named bg:STAGE runs
@@ -89,6 +90,11 @@ run_stage() {
       stage demo 120 python3 -m kdajit demo
       stage core "${CORE_LIMIT:-300}" python3 -m pytest -q -m gpu -rfE --durations=10 tests --ignore=tests/test_gpu_fla_backend.py \
         -k "not accuracy_within_contract_factor_of_fla" ;;
+    fla_ratio)  # a numerics change's check: the FLA-ratio accuracy tests of forward, the coverage specializations and the
+      # any-gate path (FLA_RATIO_K narrows them, default the dense cases; -s keeps their printed errors)
+      stage fla_ratio "${FLA_LIMIT:-450}" python3 -m pytest -q -m gpu -rfE -s --durations=8 tests/test_gpu_forward.py \
+        tests/test_gpu_coverage.py tests/test_gpu_any_gate.py \
+        -k "accuracy_within_contract_factor_of_fla and (${FLA_RATIO_K:-dense})" ;;
     flatests)  # the FLA-backend tests and the coverage specializations' FLA-ratio tests (CPU-bound Triton compiles)
       stage fla_tests "${FLA_LIMIT:-450}" python3 -m pytest -q -m gpu -rfE --durations=8 \
         tests/test_gpu_fla_backend.py tests/test_gpu_coverage.py -k "${FLA_K:-fla}"
