@@ -115,7 +115,8 @@ run_stage() {
       stage bench 330 python3 benchmarks/bench_forward.py --json "$out/bench.json" --plot "$out/bench.png" ;;
     benchmain)
       stage benchmain "${BENCH_LIMIT:-150}" python3 benchmarks/bench_forward.py --rows "${BENCH_ROWS:-main}" \
-        --configs "${BENCH_CONFIGS:-all}" --json "$out/benchmain.json" ;;
+        --configs "${BENCH_CONFIGS:-all}" --json "$out/benchmain.json"
+      save_triton_cache ;;  # FLA's autotuning results, for the next call's FLA timings
     benchcov)  # issue 9's coverage rows, with the tile configurations of 4 and 8 warps (precompiled)
       stage benchcov "${BENCH_LIMIT:-150}" python3 benchmarks/bench_forward.py --rows coverage --configs tile,tile-w8 \
         --json "$out/benchcov.json" ;;
