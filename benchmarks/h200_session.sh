@@ -24,8 +24,8 @@
 # the tarball's phases/ at 128, summarized by benchmarks/ncu_report.py; needs a
 # machine whose runtime lets ncu read the counters: Firecracker, not gVisor). A stage named bg:STAGE runs
 # beside the stages after it (its failure status is not kept; read its log); `wait` joins it.
-# Each stage has its own time limit; logs and JSON go to $OUT (or ./out). The bundle (.gpu) supplies
-# CuTe DSL, TVM-FFI and FLA. `bash benchmarks/h200_precompile.sh` cross-compiles on the CPU machine every
+# Each stage has its own time limit; logs and JSON go to $OUT (or ./out), and all of them into $OUT/00-outputs.tgz
+# (a device call returns only 8 files). The bundle (.gpu) supplies CuTe DSL, TVM-FFI and FLA. `bash benchmarks/h200_precompile.sh` cross-compiles on the CPU machine every
 # kernel the stages need into .gpu-cache/cpu.tar.xz, which saves the compiles here; its toolchain must
 # match this checkout's templates.
 set -uo pipefail
@@ -63,12 +63,18 @@ save_triton_cache() {
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.mem --format=csv,noheader
   git rev-parse --short HEAD 2>/dev/null; git status --short -uno 2>/dev/null | head -5; } | tee "$out/gpu.txt"
 status=0
+pack_outputs() {  # every file of $out in one archive, 00-outputs.tgz: a device call returns at most 8 files of $OUT
+  # (the first by name), so the logs of a call with many stages come back only this way
+  tar -czf "$out/.outputs.tgz" -C "$out" --exclude=00-outputs.tgz --exclude=.outputs.tgz . 2>/dev/null \
+    && mv "$out/.outputs.tgz" "$out/00-outputs.tgz"
+}
 stage() {  # stage NAME SECONDS CMD...: run CMD with a time limit, log to $out/NAME.log, keep the worst status
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
   timeout "$limit" "$@" >"$out/$name.log" 2>&1; local rc=$?
   echo "== $name: rc=$rc in $((SECONDS - t0)) s"; tail -n 25 "$out/$name.log"
   [[ $rc -eq 0 ]] || status=$rc
+  pack_outputs  # after every stage: a call cut off at its time limit still returns the stages before
 }
 compare_sets() {  # compare_sets BASE_DIR OTHER_DIR PREFIX [REFERENCE]: compare_objects.py on every kvK-GATE set
   # (kvK-GATE-varlen: cu32 objects) of BASE_DIR (with REFERENCE, each OTHER object against BASE's REFERENCE.all.o)
@@ -250,4 +256,5 @@ for what in "$@"; do
   esac
 done
 wait
+pack_outputs
 exit $status
