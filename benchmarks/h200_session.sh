@@ -151,19 +151,21 @@ run_stage() {
       # EXP/phases/ (safe gate, K = 128), EXP/phases-kvK/ (head size K) and EXP/phases-varlen/ (K = 128, cu32 kernels
       # on the packed row) timed with fused_phases,
       # EXP/compare/main/kvK-GATE[-varlen]/ against EXP/compare/EXP/ the same, bit for bit (compare_objects.py; if the file
-      # EXP/compare/reference names a configuration, each EXP object against main's object of it)
+      # EXP/compare/reference names a configuration, each EXP object against main's object of it). EXTRA_DIRS names the
+      # phases directories to time (e.g. "phases phases-kv64"; default all); EXTRA_COMPARE=off skips the bit comparisons
       for exp in ${EXTRA_EXPS:-$(ls /tmp/precompiled/extra)}; do
         exp_dir=/tmp/precompiled/extra/$exp/
         [[ -d "$exp_dir" ]] || { echo "== extra: no $exp_dir in the tarball"; status=2; continue; }
         for phases_dir in "$exp_dir"phases*/; do
           [[ -d "$phases_dir" ]] || continue
           name=$(basename "$phases_dir"); kv=${name#phases}; kv=${kv#-kv}; varlen=
+          [[ -z "${EXTRA_DIRS:-}" || " $EXTRA_DIRS " == *" $name "* ]] || continue
           [[ "$kv" == -varlen ]] && { kv=; varlen=--varlen; }
           stage "extra_${exp}_$name" 120 python3 benchmarks/fused_phases.py --objects "$phases_dir" --kv "${kv:-128}" \
             $varlen
         done
-        compare_sets "${exp_dir}compare/main" "${exp_dir}compare/$exp" "extra_${exp}_compare" \
-          "$(cat "${exp_dir}compare/reference" 2>/dev/null)"
+        [[ "${EXTRA_COMPARE:-on}" == on ]] && compare_sets "${exp_dir}compare/main" "${exp_dir}compare/$exp" \
+          "extra_${exp}_compare" "$(cat "${exp_dir}compare/reference" 2>/dev/null)"
       done ;;
     dslfree)  # a cached fused kernel linked into a shared library and run through TVM-FFI alone (no DSL import)
       stage dslfree 90 python3 benchmarks/dsl_free_load.py --json "$out/dsl_free.json" ;;
