@@ -25,9 +25,9 @@
 # machine whose runtime lets ncu read the counters: Firecracker, not gVisor). A stage named bg:STAGE runs
 # beside the stages after it (its failure status is not kept; read its log); `wait` joins it.
 # Each stage has its own time limit; logs and JSON go to $OUT (or ./out), and all of them into $OUT/00-outputs.tgz
-# (a device call returns only 8 files). The bundle (.gpu) supplies CuTe DSL, TVM-FFI and FLA. `bash benchmarks/h200_precompile.sh` cross-compiles on the CPU machine every
-# kernel the stages need into .gpu-cache/cpu.tar.xz, which saves the compiles here; its toolchain must
-# match this checkout's templates.
+# (a device call returns only 8 files). The bundle (.gpu) supplies CuTe DSL, TVM-FFI and FLA.
+# `bash benchmarks/h200_precompile.sh` cross-compiles on the CPU machine every kernel the stages need into
+# .gpu-cache/cpu.tar.xz, which saves the compiles here; its toolchain must match this checkout's templates.
 set -uo pipefail
 out="${OUT:-out}"; mkdir -p "$out"
 source .gpu/activate.sh
@@ -64,9 +64,12 @@ save_triton_cache() {
   git rev-parse --short HEAD 2>/dev/null; git status --short -uno 2>/dev/null | head -5; } | tee "$out/gpu.txt"
 status=0
 pack_outputs() {  # every file of $out in one archive, 00-outputs.tgz: a device call returns at most 8 files of $OUT
-  # (the first by name), so the logs of a call with many stages come back only this way
-  tar -czf "$out/.outputs.tgz" -C "$out" --exclude=00-outputs.tgz --exclude=.outputs.tgz . 2>/dev/null \
-    && mv "$out/.outputs.tgz" "$out/00-outputs.tgz"
+  # (the first by name), so the logs of a call with many stages come back only this way. A temporary archive per
+  # process, then a rename: a bg: stage packs beside the foreground ones.
+  local part="$out/.outputs.$BASHPID.tgz"
+  tar -czf "$part" -C "$out" --exclude=00-outputs.tgz --exclude='.outputs.*' . 2>/dev/null \
+    && mv "$part" "$out/00-outputs.tgz"
+  rm -f "$part"
 }
 stage() {  # stage NAME SECONDS CMD...: run CMD with a time limit, log to $out/NAME.log, keep the worst status
   local name=$1 limit=$2; shift 2
