@@ -171,7 +171,7 @@ def chunk_coords(mCuSeqlens: cute.Tensor, seq_len_dense: cutlass.Int32, chunk: c
         cu_dtype = mCuSeqlens.element_type
         tokens = cu_dtype(seq_len_dense)
         seq = sequence_of(mCuSeqlens, tokens, chunk, cutlass.Int32(bidx))
-        bos_cu = min(max(cu_dtype(mCuSeqlens[seq]), cu_dtype(0)), tokens)
+        bos_cu = clamped_cu(mCuSeqlens, seq, tokens)
         eos_cu = min(max(cu_dtype(mCuSeqlens[seq + 1]), bos_cu), tokens)
         is_valid, row0, valid_rows = rows_in_sequence(cutlass.Int32(bidx), seq, cutlass.Int32(bos_cu),
                                                       cutlass.Int32(eos_cu), chunk)
@@ -182,15 +182,22 @@ def chunk_coords(mCuSeqlens: cute.Tensor, seq_len_dense: cutlass.Int32, chunk: c
 
 
 @cute.jit
+def clamped_cu(mCuSeqlens: cute.Tensor, i: cutlass.Int32, tokens):
+    """cu_seqlens[i] clamped into [0, T] in its own dtype (`tokens`: T in it), so that int64 values cannot wrap
+    before the clamp."""
+    cu_dtype = mCuSeqlens.element_type
+    return min(max(cu_dtype(mCuSeqlens[i]), cu_dtype(0)), tokens)
+
+
+@cute.jit
 def sequence_of(mCuSeqlens: cute.Tensor, tokens, chunk: cutlass.Constexpr, x: cutlass.Int32) -> cutlass.Int32:
     """The sequence of varlen tile x: the largest s < N with first(s) = clamp(cu_seqlens[s]) // chunk + s <= x, else 0
     (a binary search; `tokens`: T in cu_seqlens' dtype)."""
-    cu_dtype = mCuSeqlens.element_type
     lo = cutlass.Int32(0)
     hi = cutlass.Int32(mCuSeqlens.shape[0] - 1)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if cutlass.Int32(min(max(cu_dtype(mCuSeqlens[mid]), cu_dtype(0)), tokens)) // chunk + mid <= x:
+        if cutlass.Int32(clamped_cu(mCuSeqlens, mid, tokens)) // chunk + mid <= x:
             lo = mid
         else:
             hi = mid
@@ -240,8 +247,8 @@ def walk_coords(mCuSeqlens: cute.Tensor, seq_len_dense: cutlass.Int32, chunk: cu
         tokens = cu_dtype(seq_len_dense)
         n_seqs = cutlass.Int32(mCuSeqlens.shape[0] - 1)
         seq = sequence_of(mCuSeqlens, tokens, chunk, x)
-        bos_cu = min(max(cu_dtype(mCuSeqlens[seq]), cu_dtype(0)), tokens)
-        next_cu = min(max(cu_dtype(mCuSeqlens[seq + 1]), cu_dtype(0)), tokens)
+        bos_cu = clamped_cu(mCuSeqlens, seq, tokens)
+        next_cu = clamped_cu(mCuSeqlens, seq + 1, tokens)
         bos = cutlass.Int32(bos_cu)
         eos = cutlass.Int32(max(next_cu, bos_cu))  # = min(max(cu[seq + 1], bos), T), chunk_coords' eos
         first_next = cutlass.Int32(_NO_NEXT_SEQUENCE)

@@ -144,8 +144,13 @@ def resident_ctas(key: FusedForwardKey) -> int:
     """The occupancy the launch asks for (`min_blocks_per_mp`, which also caps registers per thread):
     the CTAs of `key`'s kernel an SM holds by shared memory, at most `key.config.ctas_per_sm` for a
     persistent grid (sized for that many) and at most TILE_CTAS_PER_SM for one tile per CTA."""
-    wanted = key.config.ctas_per_sm if key.config.persistent else TILE_CTAS_PER_SM[key.config.warps]
-    return min(wanted, SMEM_PER_SM // (smem_bytes(key) + SMEM_RESERVED_PER_CTA))
+    return ctas_by_smem(key.config, smem_bytes(key))
+
+
+def ctas_by_smem(config, smem: int) -> int:
+    """`resident_ctas` of a kernel of configuration `config` whose CTA takes `smem` bytes of shared memory."""
+    wanted = config.ctas_per_sm if config.persistent else TILE_CTAS_PER_SM[config.warps]
+    return min(wanted, SMEM_PER_SM // (smem + SMEM_RESERVED_PER_CTA))
 
 
 class FusedForward:
@@ -186,8 +191,9 @@ class FusedForward:
             return False
         # A persistent grid is sized for ctas_per_sm resident CTAs, so they must fit; one tile per CTA
         # asks for as many as fit (`resident_ctas`), so a K = 256 tile that fits alone still builds.
-        return (smem_bytes(key) <= SMEM_PER_CTA_MAX and cfg.ctas_per_sm * 32 * cfg.warps <= 2048
-                and (not cfg.persistent or resident_ctas(key) == cfg.ctas_per_sm))
+        smem = smem_bytes(key)
+        return (smem <= SMEM_PER_CTA_MAX and cfg.ctas_per_sm * 32 * cfg.warps <= 2048
+                and (not cfg.persistent or ctas_by_smem(cfg, smem) == cfg.ctas_per_sm))
 
     def fake_args(self) -> tuple:
         return fake_arguments(self.key)
