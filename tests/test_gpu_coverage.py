@@ -78,6 +78,34 @@ def test_fused_configs_equal_standalone(seed, io, K, V, varlen):
                    f"{io} K={K} V={V}, no QG: {EIGHT_WARPS.slug()} vs the standalone route")
 
 
+# Padded head sizes whose 16-bit rows are 8-byte multiples only (K % 8 == 4): q, k and g load by TMA boxes where H K
+# is a multiple of 8 (`tile_intra.load_path`'s "tma|cp.async"), else by cp.async rows.
+PADDED_ROW_CASES = [case for case in CASES if case[1] % 8 == 4]
+
+
+@pytest.mark.skipif(not _arch_has_fused(), reason="this GPU's arch has no TMA loads")
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+@pytest.mark.parametrize("io, K, V", PADDED_ROW_CASES,
+                         ids=[name for case, name in zip(CASES, CASE_IDS) if case in PADDED_ROW_CASES])
+def test_padded_rows_tma_boxes_give_the_cp_async_bits(seed, io, K, V, varlen):
+    """With H = 4 the tiles load by TMA boxes, which fill the padded columns with the next head's; with the first 3
+    of those heads (H = 3) by cp.async rows, with zeros there. Every route gives the same bits for those heads."""
+    x4, cu = inputs(io, K, varlen, H=4, V=V)
+    x3 = {name: t[:, :, :3].contiguous() if t.dim() >= 3 else t for name, t in x4.items()}
+    routes = {"standalone": lambda x, qg: standalone(x, cu, qg)}
+    for config in (FusedConfig(), PERSISTENT, EIGHT_WARPS):
+        routes[config.slug()] = lambda x, qg, config=config: fused(x, cu, qg, config)
+    for name, route in routes.items():
+        qg = name != EIGHT_WARPS.slug()
+        boxes, rows = route(x4, qg), route(x3, qg)
+        first_heads = type(boxes)(**{n: None if t is None else t[:, :, :3].contiguous()
+                                     for n, t in boxes._asdict().items()})
+        assert_bitwise(rows, first_heads, f"{io} K={K} V={V}, {name}: H = 3 (cp.async rows) vs the first 3 heads of "
+                                          f"H = 4 (TMA boxes)")
+        if name != "standalone":
+            assert_bitwise(standalone(x4, cu, qg), boxes, f"{io} K={K} V={V}, H = 4: {name} vs the standalone route")
+
+
 @pytest.mark.parametrize("offset", [1, 17, 63])
 @pytest.mark.parametrize("io, K, V", CASES, ids=CASE_IDS)
 def test_appending_tokens_keeps_earlier_rows(seed, io, K, V, offset):
