@@ -219,9 +219,10 @@ def load_path(arch: str, io, head_k: int) -> str:
     """How a kernel for `arch` loads its q, k (`io`, 16-bit) and g (fp32) tiles of head size `head_k`: "tma" (one TMA
     box per tile, `issue_tma_tiles`) where both padded pitches fit a box (K <= 128) and every row starts 16-byte
     aligned; "tma|cp.async" where they fit but a q, k row starts only 8-byte aligned (K = 60, 100, ...: K % 8 == 4):
-    TMA boxes when the launch's H K is a multiple of 8 (an even H), else cp.async (`load_rows`), chosen per launch
-    (`tma_rows`); "bulk" (one cp.async.bulk per row, `issue_bulk_rows`) at K = 256; "cp.async" on sm_80 and at the
-    other padded sizes (above 128). The mbarrier paths need sm_90 on."""
+    g by TMA boxes, q and k by boxes where a tile's rows and first column start 16-byte aligned (an even H and an even
+    head), else by cp.async rows (`load_rows`), chosen per tile (`qk_boxes`); "bulk" (one cp.async.bulk per row,
+    `issue_bulk_rows`) at K = 256; "cp.async" on sm_80 and at the other padded sizes (above 128). The mbarrier paths
+    need sm_90 on."""
     if arch == "sm_80":
         return "cp.async"
     if tma_loadable(io, head_k) and tma_loadable(cutlass.Float32, head_k):
@@ -251,8 +252,8 @@ def make_tma_tile(mX: cute.Tensor, chunk: int):
     products sum over (`summed_cols`), which `zero_summed_pad` sets to +0.
 
     Where D does not make 16-byte rows (`rows_aligned`), the view's strides are rounded up to 16 bytes so that the
-    descriptor encodes at every H; they are mX's own (and the boxes used, `tma_rows`) only where H D is a multiple of
-    8."""
+    descriptor encodes at every H; they are mX's own (and the boxes used, `qk_boxes`) only where H D is a multiple of
+    8. A box must also start 16-byte aligned in its row: there, only even heads' boxes are used."""
     dtype = mX.element_type
     cols = cute.size(mX, mode=[3])
     assert tma_loadable(dtype, cols), f"no TMA tile of {cols} {dtype} columns"
@@ -274,10 +275,11 @@ def issue_tma_tiles(pieces: cutlass.Constexpr, mbar_ptr: cute.Pointer, batch: cu
                     arrive: cutlass.Constexpr = True):
     """The TMA loads of `pieces`, ((atom, coordinate tensor) of `make_tma_tile`, padded shared tile sX, head, the
     tensor's head size D) each: rows row0 .. row0 + chunk - 1 of that head of batch `batch` into sX, rows and pad
-    from column head * D of the [T, H * D, B] view (past the tensor's end, TMA writes zeros). Warp 0 arms the mbarrier at `mbar_ptr` with every box's bytes (arriving unless `arrive` is False,
-    `issue_bulk_rows`' convention; the mbarrier counts one arrival, `init_bulk_mbar(.., 1)`) and issues them; the
-    other warps do nothing. Every row is loaded: rows >= valid_rows hold the next sequence's rows or zeros, which
-    nothing stores (as the stale rows of `load_rows`)."""
+    from column head * D of the [T, H * D, B] view (past the tensor's end, TMA writes zeros). Warp 0 arms the
+    mbarrier at `mbar_ptr` with every box's bytes (arriving unless `arrive` is False, `issue_bulk_rows`' convention;
+    the mbarrier counts one arrival, `init_bulk_mbar(.., 1)`) and issues them; the other warps do nothing. Every row
+    is loaded: rows >= valid_rows hold the next sequence's rows or zeros, which nothing stores (as the stale rows of
+    `load_rows`)."""
     if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
         box_bytes = 0
         for (atom, _), sX, _, _ in pieces:
@@ -332,10 +334,13 @@ def init_tile_loads(storage, path: str, warps: int):
 
 
 @cute.jit
-def tma_rows(mQ: cute.Tensor) -> cutlass.Boolean:
-    """Whether the "tma|cp.async" loads of this launch take TMA boxes: every row of the contiguous [B, T, H, D] tensor
-    mQ (and of k, the same shape) starts 16-byte aligned, i.e. H D is a multiple of 8 (an even H at K = 60, 100)."""
-    return mQ.stride[1] % (BULK_GRANULE * 8 // mQ.element_type.width) == 0
+def qk_boxes(mQ: cute.Tensor, q_head: cutlass.Int32) -> cutlass.Boolean:
+    """Whether the "tma|cp.async" loads of a tile of q, k head `q_head` take TMA boxes: a box starts 16-byte aligned
+    in every row, so the rows of the contiguous [B, T, H, K] tensor mQ (and of k, the same shape) must (H K a multiple
+    of 8) and so must the head's first column (q_head K a multiple of 8): at K = 60, 100 an even H and an even head.
+    g's rows (fp32) meet both at every H and head."""
+    granule = BULK_GRANULE * 8 // mQ.element_type.width
+    return (mQ.stride[1] % granule == 0) & (q_head * cute.size(mQ, mode=[3]) % granule == 0)
 
 
 @cute.jit
@@ -349,8 +354,9 @@ def issue_tile_loads(path: cutlass.Constexpr, mbar_ptr: cutlass.Constexpr, tma_t
     sK, sG), by `path` (`loads_of`): "tma", one box per tile (`issue_tma_tiles` with `tma_tiles`, `make_tma_tiles`);
     "bulk", one copy per row < valid_rows (`issue_bulk_rows`, the CTA's `warps` warps); "cp.async", rows <
     valid_rows (`load_rows` by thread `tidx` with `row_copies` = (q and k's, g's `make_row_copy`), then one commit
-    group); "tma|cp.async", the boxes where `tma_rows`, else the cp.async rows. The mbarrier paths complete on
-    `mbar_ptr` (`init_tile_loads`); `wait_tile_loads` waits for any path. Every thread of the CTA calls it.
+    group); "tma|cp.async", g's box and q's and k's boxes where `qk_boxes`, else their cp.async rows. The mbarrier
+    paths complete on `mbar_ptr` (`init_tile_loads`); `wait_tile_loads` waits for any path. Every thread of the CTA
+    calls it.
 
     `parts`: "all", or a tile's loads in two calls: "q" (q only; on the mbarrier paths it adds its bytes without
     arriving), then "rest" (k and g, arriving). `loads` False (the fused kernel's phase variants without loads): no
@@ -363,67 +369,64 @@ def issue_tile_loads(path: cutlass.Constexpr, mbar_ptr: cutlass.Constexpr, tma_t
     gG = chunk_rows(mG, batch, head, row0, chunk)
     copy_q = cutlass.const_expr(loads and parts != "rest")
     copy_kg = cutlass.const_expr(loads and parts != "q")
+    arrive = cutlass.const_expr(parts != "q")
     if cutlass.const_expr(path == "tma"):
-        issue_tile_boxes(tma_tiles, mbar_ptr, tensors, tiles, batch, head, row0, copy_q, copy_kg, parts)
+        issue_tile_boxes(tma_tiles, mbar_ptr, tensors, tiles, batch, head, row0, (copy_q, copy_kg, copy_kg), arrive)
     elif cutlass.const_expr(path == "tma|cp.async"):
-        if tma_rows(mQ):
-            issue_tile_boxes(tma_tiles, mbar_ptr, tensors, tiles, batch, head, row0, copy_q, copy_kg, parts)
+        if qk_boxes(mQ, qk_head(head, mQ, mG)):
+            issue_tile_boxes(tma_tiles, mbar_ptr, tensors, tiles, batch, head, row0, (copy_q, copy_kg, copy_kg),
+                             arrive)
         else:
-            issue_tile_rows(row_copies, (gQ, gK, gG), tiles, tidx, valid_rows, copy_q, copy_kg)
+            issue_tile_rows(row_copies, (gQ, gK, gG), tiles, tidx, valid_rows, (copy_q, copy_kg, False))
+            issue_tile_boxes(tma_tiles, mbar_ptr, tensors, tiles, batch, head, row0, (False, False, copy_kg), arrive)
     elif cutlass.const_expr(path == "bulk"):
         row_tiles = [(gQ, sQ)] * copy_q + [(gK, sK), (gG, sG)] * copy_kg
         issue_bulk_rows(row_tiles, mbar_ptr, cute.arch.make_warp_uniform(cute.arch.warp_idx()), warps, valid_rows,
-                        arrive=parts != "q")
+                        arrive=arrive)
     else:
-        issue_tile_rows(row_copies, (gQ, gK, gG), tiles, tidx, valid_rows, copy_q, copy_kg)
+        issue_tile_rows(row_copies, (gQ, gK, gG), tiles, tidx, valid_rows, (copy_q, copy_kg, copy_kg))
 
 
 @cute.jit
 def issue_tile_boxes(tma_tiles: cutlass.Constexpr, mbar_ptr: cute.Pointer, tensors: cutlass.Constexpr,
                      tiles: cutlass.Constexpr, batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
-                     copy_q: cutlass.Constexpr, copy_kg: cutlass.Constexpr, parts: cutlass.Constexpr):
-    """`issue_tile_loads`' TMA boxes: q's when `copy_q`, k's and g's when `copy_kg` (`issue_tma_tiles`), each from
-    column head * D of its [T, H * D, B] view."""
+                     boxes: cutlass.Constexpr, arrive: cutlass.Constexpr):
+    """`issue_tile_loads`' TMA boxes (`issue_tma_tiles`) of the tiles that `boxes` = (q, k, g) selects, each from
+    column head * K of its [T, H * K, B] view; the mbarrier gets their bytes, arriving when `arrive`."""
     mQ, mK, mG = tensors
     sQ, sK, sG = tiles
     tma_q, tma_k, tma_g = tma_tiles
     q_head = qk_head(head, mQ, mG)
     cols = cute.size(mG, mode=[3])  # K, of q and k too
-    pieces = [(tma_q, sQ, q_head, cols)] * copy_q + [(tma_k, sK, q_head, cols), (tma_g, sG, head, cols)] * copy_kg
-    issue_tma_tiles(pieces, mbar_ptr, batch, row0, arrive=parts != "q")
+    pieces = [(tma_q, sQ, q_head, cols)] * boxes[0] + [(tma_k, sK, q_head, cols)] * boxes[1] + \
+        [(tma_g, sG, head, cols)] * boxes[2]
+    issue_tma_tiles(pieces, mbar_ptr, batch, row0, arrive=arrive)
 
 
 @cute.jit
 def issue_tile_rows(row_copies: cutlass.Constexpr, rows: cutlass.Constexpr, tiles: cutlass.Constexpr,
-                    tidx: cutlass.Int32, valid_rows: cutlass.Int32, copy_q: cutlass.Constexpr,
-                    copy_kg: cutlass.Constexpr):
-    """`issue_tile_loads`' cp.async rows: `load_rows` of the global tiles `rows` = (gQ, gK, gG) into `tiles` (q when
-    `copy_q`, k and g when `copy_kg`), then one commit group."""
-    gQ, gK, gG = rows
-    sQ, sK, sG = tiles
+                    tidx: cutlass.Int32, valid_rows: cutlass.Int32, which: cutlass.Constexpr):
+    """`issue_tile_loads`' cp.async rows: `load_rows` of the global tiles `rows` = (gQ, gK, gG) into `tiles`, those
+    that `which` = (q, k, g) selects, then one commit group."""
     copy_qk, copy_g = row_copies
-    cTile = cute.make_identity_tensor(sQ.shape)
-    if cutlass.const_expr(copy_q):
-        load_rows(copy_qk, gQ, sQ, cTile, tidx, valid_rows)
-    if cutlass.const_expr(copy_kg):
-        load_rows(copy_qk, gK, sK, cTile, tidx, valid_rows)
-        load_rows(copy_g, gG, sG, cTile, tidx, valid_rows)
+    cTile = cute.make_identity_tensor(tiles[0].shape)
+    for gX, sX, row_copy, wanted in zip(rows, tiles, (copy_qk, copy_qk, copy_g), which):
+        if cutlass.const_expr(wanted):
+            load_rows(row_copy, gX, sX, cTile, tidx, valid_rows)
     cute.arch.cp_async_commit_group()
 
 
 @cute.jit
-def wait_tile_loads(path: cutlass.Constexpr, mbar_ptr: cutlass.Constexpr, phase: cutlass.Int32, mQ: cute.Tensor,
-                    tiles: cutlass.Constexpr, tidx: cutlass.Int32):
-    """Wait for the tile loads that `issue_tile_loads` issued by `path` into `tiles` (sQ, sK, sG; mQ the launch's q):
+def wait_tile_loads(path: cutlass.Constexpr, mbar_ptr: cutlass.Constexpr, phase: cutlass.Int32,
+                    tiles: cutlass.Constexpr, cols: cutlass.Constexpr, tidx: cutlass.Int32):
+    """Wait for the tile loads that `issue_tile_loads` issued by `path` into `tiles` (sQ, sK, sG of a head size `cols`):
     on the mbarrier paths until phase `phase` of the mbarrier at `mbar_ptr` completes (every warp's bytes landed),
-    with cp.async until this thread's commit groups have landed; after TMA boxes of a head size that is not a
-    multiple of 8, `zero_summed_pad`. The caller then synchronizes the CTA before any thread reads the tiles."""
+    with cp.async until this thread's commit groups have landed; on "tma|cp.async" both, then `zero_summed_pad`. The
+    caller then synchronizes the CTA before any thread reads the tiles."""
     if cutlass.const_expr(path == "tma|cp.async"):
-        if tma_rows(mQ):
-            cute.arch.mbarrier_wait(mbar_ptr, phase)
-            zero_summed_pad(tiles, cute.size(mQ, mode=[3]), tidx)
-        else:
-            cute.arch.cp_async_wait_group(0)
+        cute.arch.mbarrier_wait(mbar_ptr, phase)
+        cute.arch.cp_async_wait_group(0)
+        zero_summed_pad(tiles, cols, tidx)
     elif cutlass.const_expr(path != "cp.async"):
         cute.arch.mbarrier_wait(mbar_ptr, phase)
     else:
@@ -433,14 +436,14 @@ def wait_tile_loads(path: cutlass.Constexpr, mbar_ptr: cutlass.Constexpr, phase:
 @cute.jit
 def zero_summed_pad(tiles: cutlass.Constexpr, cols: cutlass.Constexpr, tidx: cutlass.Int32):
     """+0 in columns cols .. summed_cols(cols) - 1 of every row of the padded shared tiles `tiles` (q, k, g), where a
-    TMA box (`make_tma_tile`) left the next head's first columns: the intra products sum over them, and
-    `load_rows` leaves zeros there. Threads < chunk, one row each, which then order their writes before the next
-    tile's TMA writes (async proxy) to the same bytes."""
+    TMA box (`make_tma_tile`) leaves the next head's first columns: the intra products sum over them, and `load_rows`
+    leaves zeros there. Threads < chunk, one row each. Then every thread orders its writes to the tiles (these, and
+    its cp.async rows) before the next tile's TMA writes (async proxy) to the same bytes."""
     if tidx < cute.size(tiles[0], mode=[0]):
         for sX in tiles:
             for c in cutlass.range_constexpr(cols, summed_cols(cols)):
                 sX[tidx, c] = sX.element_type(0.0)
-        cute.arch.fence_proxy("async.shared", space="cta")
+    cute.arch.fence_proxy("async.shared", space="cta")
 
 
 @cute.jit
