@@ -8,13 +8,11 @@ operands live changes: L and Akk never leave the CTA, and k, g are read from HBM
 Per tile (4 warps, 128 threads; the phases run one after another, separated by CTA barriers):
 1. loads (`load_tile`): q, k (io dtype), g (fp32) rows into padded shared tiles, completing on an mbarrier that
    every thread waits on (`tile_intra.issue_tile_loads`, `wait_tile_loads`, by the path of `tile_intra.loads_of`,
-   as in the standalone intra kernel): at K <= 128 each tile is one TMA box, rows and row pad, issued by one
-   thread (`tile_intra.make_tma_tile`; rows >= v hold the next sequence's rows or zeros, padded columns the next
-   head's, set to +0 where the intra products sum over them, `zero_summed_pad`); where a 16-bit row is not a
-   16-byte multiple (K = 60, 100) q and k only for even heads at an even H (a box starts 16-byte aligned), else
-   rows < v by cp.async in 8-byte pieces; at
-   K = 256 one cp.async.bulk per row < v (each warp's elected thread arms the mbarrier with its rows' bytes and
-   issues their copies); other padded sizes above 128 by cp.async; beta into a register, converted to fp32
+   as in the standalone intra kernel): at K = 64, 128 each tile is one TMA box, rows and row pad, issued by one
+   thread (`tile_intra.make_tma_tile`; rows >= v hold the next sequence's rows or zeros); at K = 256 one
+   cp.async.bulk per row < v (each warp's elected thread arms the mbarrier with its rows' bytes and issues their
+   copies). Padded head sizes (60, 100, ...) load rows < v by 16-byte cp.async (8-byte pieces for 16-bit rows at
+   60 or 100); beta into a register, converted to fp32
    into a 64-entry shared vector (0 for rows >= v) once the tile's loads have landed; v rows by 16-byte
    `ld.global.nc` (the same pieces) straight into registers (clamped to row v - 1, as the standalone recompute
    does), in flight during phases 2-3.
@@ -170,7 +168,7 @@ class FusedForward:
         self.varlen = key.varlen != "dense"
         self.config = key.config
         self.num_threads = 32 * key.config.warps
-        self.load_path = loads_of(key)  # "tma", "tma|cp.async", "bulk" or "cp.async"
+        self.load_path = loads_of(key)  # "tma", "bulk" or "cp.async"
         # Measurement only (benchmarks/fused_phases.py): a kernel that leaves phases out computes
         # garbage and is never built from a key, so it never reaches the cache.
         self.phases = PHASES
@@ -386,7 +384,7 @@ class FusedForward:
         sQ, sK, sG, sBeta, sL, sX00, sX, sA, sKp, sVp, sOutW, sOutU = smem
         intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma = ops
         C = self.chunk
-        tidx, warp_idx, lane = self.loads_landed(smem, rBeta, valid_rows, *landed)
+        tidx, warp_idx, lane = self.loads_landed(sBeta, rBeta, valid_rows, *landed)
         group_tidx = tidx % GROUP_THREADS
         first_group = warp_idx < GROUP_THREADS // 32
 
@@ -474,7 +472,7 @@ class FusedForward:
         gates_early = cutlass.const_expr(ahead and not self.output_qg and self.config.gate_rows == "early")
         q_early = cutlass.const_expr(ahead and not self.output_qg and not gates_early)
         recompute = cutlass.const_expr("recompute" in self.phases)
-        tidx, warp_idx, lane = self.loads_landed(smem, rBeta, valid_rows, *landed)
+        tidx, warp_idx, lane = self.loads_landed(sBeta, rBeta, valid_rows, *landed)
 
         # 2. Intra: Aqk -> global, L -> smem; L rows >= valid_rows := +0.
         if cutlass.const_expr("intra" in self.phases):
@@ -522,16 +520,15 @@ class FusedForward:
                          chunk_rows(mU, batch, head, row0, C), valid_rows, tidx)
 
     @cute.jit
-    def loads_landed(self, smem: cutlass.Constexpr, rBeta: cute.Tensor, valid_rows: cutlass.Int32,
-                     mbar: cutlass.Constexpr, phase: cutlass.Int32):
-        """Wait for this tile's loads into smem's q, k, g tiles (`wait_tile_loads`: with `mbar`, `load_tile`'s, on the
-        mbarrier paths those of mbarrier phase `phase`), convert its beta (rBeta) into smem's sBeta, synchronize the
-        CTA; returns (thread index, warp index, lane)."""
-        sBeta = smem[3]
+    def loads_landed(self, sBeta: cute.Tensor, rBeta: cute.Tensor, valid_rows: cutlass.Int32, mbar: cutlass.Constexpr,
+                     phase: cutlass.Int32):
+        """Wait for this tile's loads (`wait_tile_loads`: with `mbar`, `load_tile`'s, on the mbarrier paths those of
+        mbarrier phase `phase`), convert its beta (rBeta) into sBeta, synchronize the CTA; returns (thread index, warp
+        index, lane)."""
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
-        wait_tile_loads(self.load_path, mbar[0], phase, smem[:3], self.key.head_k, tidx)
+        wait_tile_loads(self.load_path, mbar[0], phase)
         if tidx < self.chunk:
             sBeta[tidx] = beta_row(rBeta[0], tidx, valid_rows)
         cute.arch.sync_threads()

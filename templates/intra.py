@@ -43,9 +43,8 @@ of the reference row gives r per fragment element), so nothing is staged besides
 
 Memory: q, k (io) and g (fp32) of the chunk are read once into padded shared tiles (row pitch +16 bytes: the MMA
 fragment reads are bank-conflict free) by the same loads as the fused kernel's (`tile_intra.issue_tile_loads`, on
-the path of `tile_intra.loads_of`): on sm_90a / sm_100a one TMA box per tile at K <= 128 (`issue_tma_tiles`; at K = 60,
-100 q and k only for even heads at an even H, else by cp.async in 8-byte pieces) or one cp.async.bulk per row at K = 256
-(`issue_bulk_rows`), else with 16-byte cp.async; beta goes to a 64-entry fp32
+the path of `tile_intra.loads_of`): on sm_90a / sm_100a one TMA box per tile at K = 64, 128 (`issue_tma_tiles`) or one
+cp.async.bulk per row at K = 256 (`issue_bulk_rows`), else with 16-byte cp.async; beta goes to a 64-entry fp32
 vector. Shared memory 68,992 bytes at K = 128 on sm_90a (with the bulk loads' mbarrier; 68,864 with cp.async). Output fragments are stored straight to global
 memory (Aqk 4-byte, L 8-byte vector stores).
 
@@ -53,8 +52,8 @@ Code: the per-tile arithmetic (loads, block products, epilogue, block stores) is
 templates/tile_intra.py, shared with the fused kernel; this file holds the standalone launch only.
 
 Constraints: head_k a keys.HEAD_DIMS size, or a padded one (60, 100: `keys.head_dim_supported`; the shared tiles
-then have `keys.padded_head_dim(K)` columns, those the products sum over past K +0), chunk 64 or 32 (blocks a, b
-in 0..1, WARP_GROUPS_32), 4 warps.
+then have `keys.padded_head_dim(K)` columns, those past K +0, and the q, k loads are 8-byte pieces where K is
+not a multiple of 8), chunk 64 or 32 (blocks a, b in 0..1, WARP_GROUPS_32), 4 warps.
 Contiguous [B, T, H, D] tensors; varlen packs sequences on T with B = 1 (see templates/common.py for the
 grid and the chunk mapping). Grouped value heads: gk, beta and the outputs have HV heads, q and k H (HV a
 multiple of H); value head h reads q, k of head h // (HV / H).
@@ -103,7 +102,7 @@ class KdaIntra:
         self.varlen = key.varlen != "dense"
         self.num_threads = 32 * key.config.warps
         self.safe_gate = key.safe_gate
-        self.load_path = loads_of(key)  # "tma", "tma|cp.async", "bulk" or "cp.async"
+        self.load_path = loads_of(key)  # "tma", "bulk" or "cp.async"
 
     @staticmethod
     def can_implement(key) -> bool:
@@ -150,7 +149,7 @@ class KdaIntra:
             issue_tile_loads(self.load_path, mbar_ptr, tma_tiles, (copy_qk, copy_g), (mQ, mK, mG), (sQ, sK, sG),
                              batch, head, row0, valid_rows, tidx, self.num_threads // 32)
             load_beta(mBeta, sBeta, batch, row0, head, tidx, valid_rows, self.chunk)
-            wait_tile_loads(self.load_path, mbar_ptr, 0, (sQ, sK, sG), self.key.head_k, tidx)
+            wait_tile_loads(self.load_path, mbar_ptr, 0)
             cute.arch.sync_threads()
 
             intra_tile(tiled_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, self.chunk),

@@ -204,30 +204,21 @@ def issue_bulk_rows(tiles: cutlass.Constexpr, mbar_ptr: cute.Pointer, warp_idx: 
 
 
 def tma_loadable(dtype, cols: int) -> bool:
-    """Whether `make_tma_tile` can load a tile of [.., cols] rows of `dtype` into its padded shared tile: the padded
-    pitch of its `padded_head_dim` columns fits one TMA box (K <= 128; not 256 or sizes padded to it)."""
-    return padded_pitch(dtype, padded_head_dim(cols)) <= TMA_BOX_MAX
-
-
-def rows_aligned(dtype, cols: int) -> bool:
-    """Whether every row of a 16-byte aligned [B, T, H, cols] tensor of `dtype` starts 16-byte aligned, for every H
-    (cols a multiple of 8 for 16-bit rows; every K for fp32 ones)."""
-    return cols * dtype.width // 8 % BULK_GRANULE == 0
+    """Whether `make_tma_tile` can load a tile of [.., cols] rows of `dtype` into its padded shared tile: a
+    `bulk_loadable` row whose padded pitch fits one TMA box (K = 64, 128; not 256)."""
+    return bulk_loadable(dtype, cols) and padded_pitch(dtype, cols) <= TMA_BOX_MAX
 
 
 def load_path(arch: str, io, head_k: int) -> str:
     """How a kernel for `arch` loads its q, k (`io`, 16-bit) and g (fp32) tiles of head size `head_k`: "tma" (one TMA
-    box per tile, `issue_tma_tiles`) where both padded pitches fit a box (K <= 128) and every row starts 16-byte
-    aligned; "tma|cp.async" where they fit but a q, k row starts only 8-byte aligned (K = 60, 100, ...: K % 8 == 4):
-    g by TMA boxes, q and k by boxes where a tile's rows and first column start 16-byte aligned (an even H and an even
-    head), else by cp.async rows (`load_rows`), chosen per tile (`qk_boxes`); "bulk" (one cp.async.bulk per row,
-    `issue_bulk_rows`) at K = 256; "cp.async" on sm_80 and at the other padded sizes (above 128). The mbarrier paths
-    need sm_90 on."""
-    if arch == "sm_80":
+    box per tile, `issue_tma_tiles`) where both padded pitches fit a box (K = 64, 128); "bulk" (one cp.async.bulk per
+    row, `issue_bulk_rows`) at the other unpadded sizes (K = 256); "cp.async" (`load_rows`) on sm_80 and at padded
+    sizes (60, 96, 100, ...). Both mbarrier paths need sm_90 on."""
+    if arch == "sm_80" or not bulk_loadable(io, head_k):
         return "cp.async"
     if tma_loadable(io, head_k) and tma_loadable(cutlass.Float32, head_k):
-        return "tma" if rows_aligned(io, head_k) else "tma|cp.async"
-    return "bulk" if bulk_loadable(io, head_k) else "cp.async"
+        return "tma"
+    return "bulk"
 
 
 def loads_of(key) -> str:
@@ -245,27 +236,15 @@ def loads_mbar_fields(path: str) -> list:
 
 def make_tma_tile(mX: cute.Tensor, chunk: int):
     """(TMA atom, TMA coordinate tensor) that load one (chunk, head) tile of the contiguous [B, T, H, D] tensor mX
-    straight into its padded shared tile (`padded_tile_layout` of `padded_head_dim(D)` columns) with one instruction
-    (`issue_tma_tiles`). The box is chunk rows of that tile's pitch, of mX viewed as [T, H * D, B] (host side: the
-    descriptor is built at launch): each row's D columns, then the next head's first columns (or zeros past the last
-    head) in the tile's padded columns and row pad. Nothing stored depends on those columns except the ones the intra
-    products sum over (`summed_cols`), which `zero_summed_pad` sets to +0.
-
-    Where D does not make 16-byte rows (`rows_aligned`), the view's strides are rounded up to 16 bytes so that the
-    descriptor encodes at every H; they are mX's own (and the boxes used, `qk_boxes`) only where H D is a multiple of
-    8. A box must also start 16-byte aligned in its row: there, only even heads' boxes are used."""
-    dtype = mX.element_type
+    straight into its padded shared tile (`padded_tile_layout`) with one instruction (`issue_tma_tiles`). The box is
+    chunk rows of padded_pitch(dtype, D) columns of mX viewed as [T, H * D, B] (host side: the descriptor is built at
+    launch): each row's D columns, then the pad's from the next head's row start (or zeros past the last head).
+    Nothing reads a tile's row pad, so those columns only cost the read."""
     cols = cute.size(mX, mode=[3])
-    assert tma_loadable(dtype, cols), f"no TMA tile of {cols} {dtype} columns"
-    pitch = padded_pitch(dtype, padded_head_dim(cols))
-    row_stride = mX.stride[1]
-    batch_stride = mX.stride[0]
-    if cutlass.const_expr(not rows_aligned(dtype, cols)):
-        granule = BULK_GRANULE * 8 // dtype.width
-        row_stride = (row_stride + (granule - 1)) // granule * granule
-        batch_stride = row_stride * mX.shape[1]
+    assert tma_loadable(mX.element_type, cols), f"no TMA tile of {cols} {mX.element_type} columns"
+    pitch = padded_pitch(mX.element_type, cols)
     rows = cute.make_tensor(mX.iterator, cute.make_layout((mX.shape[1], mX.shape[2] * cols, mX.shape[0]),
-                                                          stride=(row_stride, 1, batch_stride)))
+                                                          stride=(mX.stride[1], 1, mX.stride[0])))
     box = cute.make_layout((chunk, pitch), stride=(pitch, 1))
     return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), rows, box, (chunk, pitch))
 
@@ -273,27 +252,26 @@ def make_tma_tile(mX: cute.Tensor, chunk: int):
 @cute.jit
 def issue_tma_tiles(pieces: cutlass.Constexpr, mbar_ptr: cute.Pointer, batch: cutlass.Int32, row0: cutlass.Int32,
                     arrive: cutlass.Constexpr = True):
-    """The TMA loads of `pieces`, ((atom, coordinate tensor) of `make_tma_tile`, padded shared tile sX, head, the
-    tensor's head size D) each: rows row0 .. row0 + chunk - 1 of that head of batch `batch` into sX, rows and pad
-    from column head * D of the [T, H * D, B] view (past the tensor's end, TMA writes zeros). Warp 0 arms the
-    mbarrier at `mbar_ptr` with every box's bytes (arriving unless `arrive` is False, `issue_bulk_rows`' convention;
-    the mbarrier counts one arrival, `init_bulk_mbar(.., 1)`) and issues them; the other warps do nothing. Every row
-    is loaded: rows >= valid_rows hold the next sequence's rows or zeros, which nothing stores (as the stale rows of
-    `load_rows`)."""
+    """The TMA loads of `pieces`, ((atom, coordinate tensor) of `make_tma_tile`, padded shared tile sX, head) each:
+    rows row0 .. row0 + chunk - 1 of that head of batch `batch` into sX, rows and pad (past the tensor's end, TMA
+    writes zeros). Warp 0 arms the mbarrier at `mbar_ptr` with every box's bytes (arriving unless `arrive` is False,
+    `issue_bulk_rows`' convention; the mbarrier counts one arrival, `init_bulk_mbar(.., 1)`) and issues them; the
+    other warps do nothing. Every row is loaded: rows >= valid_rows hold the next sequence's rows or zeros, which
+    nothing stores (as the stale rows of `load_rows`)."""
     if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
         box_bytes = 0
-        for (atom, _), sX, _, _ in pieces:
+        for (atom, _), sX, _ in pieces:
             box_bytes += cute.size(sX, mode=[0]) * sX.stride[0] * sX.element_type.width // 8
         with cute.arch.elect_one():
             if cutlass.const_expr(arrive):
                 cute.arch.mbarrier_arrive_and_expect_tx(mbar_ptr, box_bytes)
             else:
                 cute.arch.mbarrier_expect_tx(mbar_ptr, box_bytes)
-        for (atom, tiles), sX, head, cols in pieces:
+        for (atom, tiles), sX, head in pieces:
             rows = cute.size(sX, mode=[0])
             pitch = sX.stride[0]
             sBox = cute.make_tensor(sX.iterator, cute.make_layout((rows, pitch), stride=(pitch, 1)))
-            gBox = cute.local_tile(cute.domain_offset((row0, head * cols), tiles[None, None, batch]),
+            gBox = cute.local_tile(cute.domain_offset((row0, head * cute.size(sX, mode=[1])), tiles[None, None, batch]),
                                    (rows, pitch), (0, 0))
             tXs, tXg = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sBox, 0, 2),
                                              cute.group_modes(gBox, 0, 2))
@@ -313,34 +291,24 @@ def init_bulk_mbar(mbar_ptr: cute.Pointer, arrivals: cutlass.Constexpr):
 
 
 def make_tma_tiles(mQ: cute.Tensor, mK: cute.Tensor, mG: cute.Tensor, chunk: int, path: str):
-    """The `make_tma_tile`s of q, k and g for `issue_tile_loads` on the "tma" and "tma|cp.async" paths (host side);
-    None on the others."""
-    if path not in ("tma", "tma|cp.async"):
+    """The `make_tma_tile`s of q, k and g for `issue_tile_loads` on the "tma" path (host side); None on the
+    others."""
+    if path != "tma":
         return None
     return make_tma_tile(mQ, chunk), make_tma_tile(mK, chunk), make_tma_tile(mG, chunk)
 
 
 def init_tile_loads(storage, path: str, warps: int):
     """Set up the tile loads of `path` in a CTA of `warps` warps whose shared memory `storage` has the
-    `loads_mbar_fields` of `path`: on the mbarrier paths, `init_bulk_mbar` for one arrival per phase ("tma" and
-    "tma|cp.async", `issue_tma_tiles`) or one per warp ("bulk", `issue_bulk_rows`); every thread calls it. Returns the
-    mbarrier's pointer (the `mbar_ptr` of `issue_tile_loads` and `wait_tile_loads`), or None for "cp.async" (nothing
-    to set up)."""
+    `loads_mbar_fields` of `path`: on the mbarrier paths, `init_bulk_mbar` for one arrival per phase ("tma",
+    `issue_tma_tiles`) or one per warp ("bulk", `issue_bulk_rows`); every thread calls it. Returns the mbarrier's
+    pointer (the `mbar_ptr` of `issue_tile_loads` and `wait_tile_loads`), or None for "cp.async" (nothing to set
+    up)."""
     if path == "cp.async":
         return None
     mbar_ptr = storage.loads_mbar.data_ptr()
-    init_bulk_mbar(mbar_ptr, warps if path == "bulk" else 1)
+    init_bulk_mbar(mbar_ptr, 1 if path == "tma" else warps)
     return mbar_ptr
-
-
-@cute.jit
-def qk_boxes(mQ: cute.Tensor, q_head: cutlass.Int32) -> cutlass.Boolean:
-    """Whether the "tma|cp.async" loads of a tile of q, k head `q_head` take TMA boxes: a box starts 16-byte aligned
-    in every row, so the rows of the contiguous [B, T, H, K] tensor mQ (and of k, the same shape) must (H K a multiple
-    of 8) and so must the head's first column (q_head K a multiple of 8): at K = 60, 100 an even H and an even head.
-    g's rows (fp32) meet both at every H and head."""
-    granule = BULK_GRANULE * 8 // mQ.element_type.width
-    return (mQ.stride[1] % granule == 0) & (q_head * cute.size(mQ, mode=[3]) % granule == 0)
 
 
 @cute.jit
@@ -354,9 +322,8 @@ def issue_tile_loads(path: cutlass.Constexpr, mbar_ptr: cutlass.Constexpr, tma_t
     sK, sG), by `path` (`loads_of`): "tma", one box per tile (`issue_tma_tiles` with `tma_tiles`, `make_tma_tiles`);
     "bulk", one copy per row < valid_rows (`issue_bulk_rows`, the CTA's `warps` warps); "cp.async", rows <
     valid_rows (`load_rows` by thread `tidx` with `row_copies` = (q and k's, g's `make_row_copy`), then one commit
-    group); "tma|cp.async", g's box and q's and k's boxes where `qk_boxes`, else their cp.async rows. The mbarrier
-    paths complete on `mbar_ptr` (`init_tile_loads`); `wait_tile_loads` waits for any path. Every thread of the CTA
-    calls it.
+    group). The mbarrier paths complete on `mbar_ptr` (`init_tile_loads`); `wait_tile_loads` waits for any path.
+    Every thread of the CTA calls it.
 
     `parts`: "all", or a tile's loads in two calls: "q" (q only; on the mbarrier paths it adds its bytes without
     arriving), then "rest" (k and g, arriving). `loads` False (the fused kernel's phase variants without loads): no
@@ -369,81 +336,35 @@ def issue_tile_loads(path: cutlass.Constexpr, mbar_ptr: cutlass.Constexpr, tma_t
     gG = chunk_rows(mG, batch, head, row0, chunk)
     copy_q = cutlass.const_expr(loads and parts != "rest")
     copy_kg = cutlass.const_expr(loads and parts != "q")
-    arrive = cutlass.const_expr(parts != "q")
     if cutlass.const_expr(path == "tma"):
-        issue_tile_boxes(tma_tiles, mbar_ptr, tensors, tiles, batch, head, row0, (copy_q, copy_kg, copy_kg), arrive)
-    elif cutlass.const_expr(path == "tma|cp.async"):
-        if qk_boxes(mQ, qk_head(head, mQ, mG)):
-            issue_tile_boxes(tma_tiles, mbar_ptr, tensors, tiles, batch, head, row0, (copy_q, copy_kg, copy_kg),
-                             arrive)
-        else:
-            issue_tile_rows(row_copies, (gQ, gK, gG), tiles, tidx, valid_rows, (copy_q, copy_kg, False))
-            issue_tile_boxes(tma_tiles, mbar_ptr, tensors, tiles, batch, head, row0, (False, False, copy_kg), arrive)
+        tma_q, tma_k, tma_g = tma_tiles
+        q_head = qk_head(head, mQ, mG)
+        pieces = [(tma_q, sQ, q_head)] * copy_q + [(tma_k, sK, q_head), (tma_g, sG, head)] * copy_kg
+        issue_tma_tiles(pieces, mbar_ptr, batch, row0, arrive=parts != "q")
     elif cutlass.const_expr(path == "bulk"):
         row_tiles = [(gQ, sQ)] * copy_q + [(gK, sK), (gG, sG)] * copy_kg
         issue_bulk_rows(row_tiles, mbar_ptr, cute.arch.make_warp_uniform(cute.arch.warp_idx()), warps, valid_rows,
-                        arrive=arrive)
+                        arrive=parts != "q")
     else:
-        issue_tile_rows(row_copies, (gQ, gK, gG), tiles, tidx, valid_rows, (copy_q, copy_kg, copy_kg))
+        copy_qk, copy_g = row_copies
+        cTile = cute.make_identity_tensor(sQ.shape)
+        if cutlass.const_expr(copy_q):
+            load_rows(copy_qk, gQ, sQ, cTile, tidx, valid_rows)
+        if cutlass.const_expr(copy_kg):
+            load_rows(copy_qk, gK, sK, cTile, tidx, valid_rows)
+            load_rows(copy_g, gG, sG, cTile, tidx, valid_rows)
+        cute.arch.cp_async_commit_group()
 
 
 @cute.jit
-def issue_tile_boxes(tma_tiles: cutlass.Constexpr, mbar_ptr: cute.Pointer, tensors: cutlass.Constexpr,
-                     tiles: cutlass.Constexpr, batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
-                     boxes: cutlass.Constexpr, arrive: cutlass.Constexpr):
-    """`issue_tile_loads`' TMA boxes (`issue_tma_tiles`) of the tiles that `boxes` = (q, k, g) selects, each from
-    column head * K of its [T, H * K, B] view; the mbarrier gets their bytes, arriving when `arrive`."""
-    mQ, mK, mG = tensors
-    sQ, sK, sG = tiles
-    tma_q, tma_k, tma_g = tma_tiles
-    q_head = qk_head(head, mQ, mG)
-    cols = cute.size(mG, mode=[3])  # K, of q and k too
-    pieces = [(tma_q, sQ, q_head, cols)] * boxes[0] + [(tma_k, sK, q_head, cols)] * boxes[1] + \
-        [(tma_g, sG, head, cols)] * boxes[2]
-    issue_tma_tiles(pieces, mbar_ptr, batch, row0, arrive=arrive)
-
-
-@cute.jit
-def issue_tile_rows(row_copies: cutlass.Constexpr, rows: cutlass.Constexpr, tiles: cutlass.Constexpr,
-                    tidx: cutlass.Int32, valid_rows: cutlass.Int32, which: cutlass.Constexpr):
-    """`issue_tile_loads`' cp.async rows: `load_rows` of the global tiles `rows` = (gQ, gK, gG) into `tiles`, those
-    that `which` = (q, k, g) selects, then one commit group."""
-    copy_qk, copy_g = row_copies
-    cTile = cute.make_identity_tensor(tiles[0].shape)
-    for gX, sX, row_copy, wanted in zip(rows, tiles, (copy_qk, copy_qk, copy_g), which):
-        if cutlass.const_expr(wanted):
-            load_rows(row_copy, gX, sX, cTile, tidx, valid_rows)
-    cute.arch.cp_async_commit_group()
-
-
-@cute.jit
-def wait_tile_loads(path: cutlass.Constexpr, mbar_ptr: cutlass.Constexpr, phase: cutlass.Int32,
-                    tiles: cutlass.Constexpr, cols: cutlass.Constexpr, tidx: cutlass.Int32):
-    """Wait for the tile loads that `issue_tile_loads` issued by `path` into `tiles` (sQ, sK, sG of a head size `cols`):
-    on the mbarrier paths until phase `phase` of the mbarrier at `mbar_ptr` completes (every warp's bytes landed),
-    with cp.async until this thread's commit groups have landed; on "tma|cp.async" both, then `zero_summed_pad`. The
-    caller then synchronizes the CTA before any thread reads the tiles."""
-    if cutlass.const_expr(path == "tma|cp.async"):
-        cute.arch.mbarrier_wait(mbar_ptr, phase)
-        cute.arch.cp_async_wait_group(0)
-        zero_summed_pad(tiles, cols, tidx)
-    elif cutlass.const_expr(path != "cp.async"):
+def wait_tile_loads(path: cutlass.Constexpr, mbar_ptr: cutlass.Constexpr, phase: cutlass.Int32):
+    """Wait for the tile loads that `issue_tile_loads` issued by `path`: on the mbarrier paths until phase `phase`
+    of the mbarrier at `mbar_ptr` completes (every warp's bytes landed), with cp.async until this thread's commit
+    groups have landed. The caller then synchronizes the CTA before any thread reads the tiles."""
+    if cutlass.const_expr(path != "cp.async"):
         cute.arch.mbarrier_wait(mbar_ptr, phase)
     else:
         cute.arch.cp_async_wait_group(0)
-
-
-@cute.jit
-def zero_summed_pad(tiles: cutlass.Constexpr, cols: cutlass.Constexpr, tidx: cutlass.Int32):
-    """+0 in columns cols .. summed_cols(cols) - 1 of every row of the padded shared tiles `tiles` (q, k, g), where a
-    TMA box (`make_tma_tile`) leaves the next head's first columns: the intra products sum over them, and `load_rows`
-    leaves zeros there. Threads < chunk, one row each. Then every thread orders its writes to the tiles (these, and
-    its cp.async rows) before the next tile's TMA writes (async proxy) to the same bytes."""
-    if tidx < cute.size(tiles[0], mode=[0]):
-        for sX in tiles:
-            for c in cutlass.range_constexpr(cols, summed_cols(cols)):
-                sX[tidx, c] = sX.element_type(0.0)
-    cute.arch.fence_proxy("async.shared", space="cta")
 
 
 @cute.jit

@@ -78,35 +78,6 @@ def test_fused_configs_equal_standalone(seed, io, K, V, varlen):
                    f"{io} K={K} V={V}, no QG: {EIGHT_WARPS.slug()} vs the standalone route")
 
 
-# Padded head sizes whose 16-bit rows are 8-byte multiples only (K % 8 == 4): g loads by TMA boxes, q and k by boxes
-# where a box starts 16-byte aligned (an even H and an even head: `tile_intra.qk_boxes`), else by cp.async rows.
-PADDED_ROW_CASES = [case for case in CASES if case[1] % 8 == 4]
-
-
-@pytest.mark.skipif(not _arch_has_fused(), reason="this GPU's arch has no TMA loads")
-@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
-@pytest.mark.parametrize("io, K, V", PADDED_ROW_CASES,
-                         ids=[name for case, name in zip(CASES, CASE_IDS) if case in PADDED_ROW_CASES])
-def test_padded_rows_boxes_and_rows_give_the_same_bits(seed, io, K, V, varlen):
-    """With H = 4, q and k of heads 0 and 2 load by TMA boxes, which fill the padded columns with the next head's; with
-    the first 3 of those heads (H = 3) by cp.async rows, with zeros there; g by boxes in both, head 2's with head 3's
-    columns at H = 4 and zeros past the tensor's end at H = 3. Every route gives the same bits for those heads."""
-    x4, cu = inputs(io, K, varlen, H=4, V=V)
-    x3 = {name: t[:, :, :3].contiguous() if t.dim() >= 3 else t for name, t in x4.items()}
-    routes = {"standalone": lambda x, qg: standalone(x, cu, qg)}
-    for config in (FusedConfig(), PERSISTENT, EIGHT_WARPS):
-        routes[config.slug()] = lambda x, qg, config=config: fused(x, cu, qg, config)
-    for name, route in routes.items():
-        qg = name != EIGHT_WARPS.slug()
-        boxes, rows = route(x4, qg), route(x3, qg)
-        first_heads = type(boxes)(**{n: None if t is None else t[:, :, :3].contiguous()
-                                     for n, t in boxes._asdict().items()})
-        assert_bitwise(rows, first_heads, f"{io} K={K} V={V}, {name}: H = 3 (q, k by cp.async rows) vs the first 3 "
-                                          f"heads of H = 4 (heads 0 and 2 by TMA boxes)")
-        if name != "standalone":
-            assert_bitwise(standalone(x4, cu, qg), boxes, f"{io} K={K} V={V}, H = 4: {name} vs the standalone route")
-
-
 @pytest.mark.parametrize("offset", [1, 17, 63])
 @pytest.mark.parametrize("io, K, V", CASES, ids=CASE_IDS)
 def test_appending_tokens_keeps_earlier_rows(seed, io, K, V, offset):
