@@ -38,7 +38,9 @@ VARIANTS = {  # name: phases kept
 CONFIGS = {"tile": dict(), "tile-w8": dict(warps=8),  # persistent: 8 warps, 4 and 8 warps with early loads
            "persistent-c2-head-w8": dict(persistent=True, ctas_per_sm=2, raster="head", warps=8),
            "persistent-c2-head-a1": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1),
-           "persistent-c2-head-a1-w8": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1, warps=8)}
+           "persistent-c2-head-a1-w8": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1, warps=8),
+           "persistent-c2-head-a1-ge": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
+                                            gate_rows="early")}
 
 
 def variant_kernel(config_name: str, phases: tuple[str, ...], chunk: int, safe_gate: bool, kv: int,

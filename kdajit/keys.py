@@ -94,6 +94,10 @@ class FusedConfig:
     `warps`: 4 (every warp runs every phase) or 8 (two warp groups: the intra blocks spread over all
     8 warps; then warps 0-3 invert while warps 4-7 compute the gate rows, and warps 0-3 multiply W
     while warps 4-7 multiply U; only without QG and with loads_ahead 0).
+    `gate_rows`: where a 4-warp persistent CTA with loads_ahead 1 and no QG runs the gate rows: "late" (after the
+    inverse; the next tile's q is issued after the intra phase, the rest after the gate rows) or "early" (right after
+    the intra phase, Kp kept in registers until the inverse frees its buffer, so every load of the next tile is
+    issued before the inverse). "late" everywhere else.
     Non-persistent configs keep the defaults of the other fields but `warps`.
     The reference configuration is the default instance.
     """
@@ -103,21 +107,25 @@ class FusedConfig:
     raster: str = "chunk"
     loads_ahead: int = 0
     warps: int = 4
+    gate_rows: str = "late"
 
     def slug(self) -> str:
         warps = f"-w{self.warps}" if self.warps != 4 else ""
         if not self.persistent:
             return "tile" + warps
         ahead = f"-a{self.loads_ahead}" if self.loads_ahead else ""
-        return f"persistent-c{self.ctas_per_sm}-{self.raster}{ahead}{warps}"
+        early = "-ge" if self.gate_rows == "early" else ""
+        return f"persistent-c{self.ctas_per_sm}-{self.raster}{ahead}{warps}{early}"
 
 
 FUSED_WARPS = (4, 8)
+GATE_ROWS = ("late", "early")
 # The fused kernel's declared configuration space (what the full compile sweep builds, the bitwise
 # GPU tests run and the autotuner may choose from); the reference configuration comes first.
 FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
     FusedConfig(True, ctas, raster, ahead) for ahead in LOADS_AHEAD for ctas in (1, 2) for raster in RASTER_ORDERS
-) + (FusedConfig(warps=8),) + tuple(FusedConfig(True, ctas, "head", 0, 8) for ctas in (1, 2))
+) + (FusedConfig(warps=8),) + tuple(FusedConfig(True, ctas, "head", 0, 8) for ctas in (1, 2)) + tuple(
+    FusedConfig(True, ctas, "head", 1, gate_rows="early") for ctas in (1, 2))
 # What `kdajit.forward` runs on the fused archs where no tuning record applies (KDAJIT_AUTOTUNE=off, or no record
 # for the call's workload), by (chunk, padded head_k, output_qg); K != V follows its K's entry, a padded K (60, 100)
 # that of its tile size (K = 60: tile 0.690 ms against tile-w8's 0.765; K = 100: tile-w8 1.083 against tile's 1.206;

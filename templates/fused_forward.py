@@ -56,8 +56,10 @@ the barrier that follows the gate rows), then waits for them. With loads_ahead=1
 buffers as soon as the current tile has finished reading them: q right after the intra phase (when
 QG is off; with QG, gate_row still reads q), k, g, v (registers) and beta (a register, written to
 shared memory once the tile's loads have landed) right after the gate rows, so they stream in
-while W and U are multiplied and stored. No buffer is added: a K = 256 tile that leaves no room
-for a second stage still works, it only overlaps less.
+while W and U are multiplied and stored (`FusedConfig.gate_rows` "early", without QG: the gate rows right after
+the intra phase, Kp in registers until the inverse frees its buffer, and every load of the next tile before the
+inverse). No buffer is added: a K = 256 tile that leaves no room for a second stage still works, it only overlaps
+less.
 Sizes are template parameters (chunk, head_k, head_v from the key); the device functions currently
 implement chunk 64 and 32 and K, V of keys.HEAD_DIMS sizes or padded ones (`can_implement`; K != V computes Vp
 in v's own rows and columns after the gate rows). A padded size (60, 100) runs the tile of
@@ -73,8 +75,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
-from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, LOADS_AHEAD, RASTER_ORDERS, VARLEN_MODES,
-                         FusedForwardKey, head_dim_supported, padded_head_dim)
+from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, GATE_ROWS, LOADS_AHEAD, RASTER_ORDERS,
+                         VARLEN_MODES, FusedForwardKey, head_dim_supported, padded_head_dim)
 from kdajit.templates.common import (DTYPES, IO_TYPES, SEQ_CURSOR_START, chunk_coords, chunk_rows, fake_arguments,
                                     grid_shape, make_struct, make_tf32_mma, sync_group, walk_coords)
 from kdajit.templates.tile_intra import (beta_row, init_tile_loads, intra_tile, issue_tile_loads, loads_mbar_fields,
@@ -181,12 +183,15 @@ class FusedForward:
                 and key.arch in FUSED_ARCHS
                 and isinstance(key.output_qg, bool) and isinstance(key.safe_gate, bool))
         if (not fits or not isinstance(cfg.persistent, bool) or cfg.raster not in RASTER_ORDERS
-                or cfg.loads_ahead not in LOADS_AHEAD or cfg.warps not in FUSED_WARPS):
+                or cfg.loads_ahead not in LOADS_AHEAD or cfg.warps not in FUSED_WARPS
+                or cfg.gate_rows not in GATE_ROWS):
             return False
         if not cfg.persistent and cfg != type(cfg)(warps=cfg.warps):  # one tile per CTA: the others do not apply
             return False
         if cfg.warps == 8 and (key.output_qg or cfg.loads_ahead):  # Kp takes q's buffer; no early loads
             return False
+        if cfg.gate_rows == "early" and (key.output_qg or not cfg.loads_ahead or cfg.warps != 4):
+            return False  # QG's gate rows read q; without a next tile in flight nothing moves earlier
         if not isinstance(cfg.ctas_per_sm, int) or cfg.ctas_per_sm < 1:
             return False
         # A persistent grid is sized for ctas_per_sm resident CTAs, so they must fit; one tile per CTA
@@ -454,14 +459,19 @@ class FusedForward:
                        next_tile: cutlass.Constexpr = None):
         """Phases 2-4 with 4 warps, each warp in every phase.
 
-        With `next_tile` = (valid, batch, head, row0, rows), the next tile's loads are issued as soon
-        as their buffers are free: q after the intra phase when QG is off, the rest after the gate rows."""
+        With `next_tile` = (valid, batch, head, row0, rows), the next tile's loads are issued as soon as their buffers
+        are free. Without QG: with `gate_rows` "early" (`FusedConfig`) the gate rows run right after the intra phase
+        (Kp kept in registers until the inverse frees the work region, `store_kp_rows`), and every load follows them,
+        before the inverse; with "late", q goes out after the intra phase and the rest after the gate rows of phase
+        4. With QG (the gate rows read q) every load goes out after the gate rows of phase 4."""
         mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens = tensors
         sQ, sK, sG, sBeta, sL, sX00, sX, sA, sKp, sVp, sOutW, sOutU = smem
         intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma = ops
         C = self.chunk
         ahead = cutlass.const_expr(next_tile is not None)
-        q_early = cutlass.const_expr(ahead and not self.output_qg)
+        gates_early = cutlass.const_expr(ahead and not self.output_qg and self.config.gate_rows == "early")
+        q_early = cutlass.const_expr(ahead and not self.output_qg and not gates_early)
+        recompute = cutlass.const_expr("recompute" in self.phases)
         tidx, warp_idx, lane = self.loads_landed(sBeta, rBeta, valid_rows, *landed)
 
         # 2. Intra: Aqk -> global, L -> smem; L rows >= valid_rows := +0.
@@ -473,6 +483,15 @@ class FusedForward:
         if cutlass.const_expr(q_early):
             if next_tile[0]:
                 self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "q", landed[0])
+        if cutlass.const_expr(gates_early):
+            # Kp -> registers (the work region still holds L), Vp -> its own tile (free since the tile's start), KG.
+            rKp = self.kp_rows()
+            if cutlass.const_expr(recompute):
+                self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
+                               batch, head, row0, valid_rows, tidx, rKp=rKp)
+            cute.arch.sync_threads()  # q, k, g, beta and rV are consumed
+            if next_tile[0]:
+                self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "all", landed[0])
 
         # 3. Inverse in smem; Akk rows < valid_rows -> global.
         if cutlass.const_expr("inverse" in self.phases):
@@ -480,16 +499,19 @@ class FusedForward:
             cute.arch.sync_threads()
             store_akk_rows(akk_store_copy, sX, chunk_rows(mAkk, batch, head, row0, C), tidx, valid_rows)
 
-        # 4. Recompute: Akk -> A tile (reusing the L / X bytes), Kp, Vp, KG, QG, then W, U.
-        recompute = cutlass.const_expr("recompute" in self.phases)
+        # 4. Recompute: Akk -> A tile (reusing the L / X bytes), Kp (and, unless the gate rows ran early, Vp, KG,
+        # QG), then W, U.
         if cutlass.const_expr(recompute):
             rA = self.akk_rows_from_smem(sX, tidx)
             cute.arch.sync_threads()  # every thread has read sX and sL: the work region is free
             store_akk(rA, sA, valid_rows, tidx, GROUP_THREADS)
-            self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
-                           batch, head, row0, valid_rows, tidx)
-        cute.arch.sync_threads()  # q, k, g, beta and rV are consumed
-        if cutlass.const_expr(ahead):
+            if cutlass.const_expr(gates_early):
+                self.store_kp_rows(rKp, sKp, tidx)
+            else:
+                self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
+                               batch, head, row0, valid_rows, tidx)
+        cute.arch.sync_threads()  # the A tile, Kp and Vp complete; q, k, g, beta and rV are consumed
+        if cutlass.const_expr(ahead and not gates_early):
             if next_tile[0]:
                 self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "rest" if q_early else "all",
                                landed[0])
@@ -539,10 +561,12 @@ class FusedForward:
     def gate_rows(self, sK: cute.Tensor, sG: cute.Tensor, sQ: cute.Tensor, sBeta: cute.Tensor,
                   rV: cute.Tensor, dKG: cute.Tensor, mQG: cute.Tensor, sKp: cute.Tensor, sVp: cute.Tensor,
                   batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,
-                  valid_rows: cutlass.Int32, tidx: cutlass.Int32, parts: cutlass.Constexpr = "all"):
+                  valid_rows: cutlass.Int32, tidx: cutlass.Int32, parts: cutlass.Constexpr = "all",
+                  rKp: cute.Tensor = None):
         """`gate_row` for this thread's rows t // (K / 8) + p (128 / (K / 8)), columns 8 (t % (K / 8)) ..,
         operands from smem; Vp from rV (`load_v_rows`' rows), in the same loop when K == V. `parts`: "all";
-        "operands" (Kp, Vp, QG: KG is left to `parts="keys"`, on other warps); "keys" (KG only)."""
+        "operands" (Kp, Vp, QG: KG is left to `parts="keys"`, on other warps); "keys" (KG only). `rKp`
+        (`kp_rows`): Kp stays there instead of going to sKp (`store_kp_rows` stores it)."""
         f32, io = cutlass.Float32, self.io
         col_tiles = self.head_k // VEC
         rows_per_pass = GROUP_THREADS // col_tiles
@@ -568,9 +592,22 @@ class FusedForward:
                 if cutlass.const_expr(self.output_qg):
                     cute.autovec_copy(cute.local_tile(sQ[row, None], (VEC,), (col_tile,)), rQ)
                 gate_row(rK, rG, rV[p, None] if same_rows else None, rQ, sBeta[row], rGlast, dKG, dQG, sKp,
-                         sVp, row, valid_rows, col_tile, self.output_qg)
+                         sVp, row, valid_rows, col_tile, self.output_qg, None if rKp is None else rKp[p, None])
         if cutlass.const_expr(not same_rows and parts != "keys"):
             v_col_tiles = self.head_v // VEC
             for p in cutlass.range_constexpr(cute.size(rV, mode=[0])):
                 row = tidx // v_col_tiles + p * (GROUP_THREADS // v_col_tiles)
                 value_row(rV[p, None], sBeta[row], sVp, row, valid_rows, tidx % v_col_tiles)
+
+    def kp_rows(self):
+        """Registers for Kp of this thread's `gate_rows` rows (one 8-value vector per row)."""
+        return row_fragments(self.chunk // (GROUP_THREADS // (self.head_k // VEC)), self.io)
+
+    @cute.jit
+    def store_kp_rows(self, rKp: cute.Tensor, sKp: cute.Tensor, tidx: cutlass.Int32):
+        """Kp kept in registers by `gate_rows` (rKp) -> sKp, the rows and columns `gate_row` stores it to."""
+        col_tiles = self.head_k // VEC
+        rows_per_pass = GROUP_THREADS // col_tiles
+        for p in cutlass.range_constexpr(cute.size(rKp, mode=[0])):
+            row = tidx // col_tiles + p * rows_per_pass
+            cute.autovec_copy(rKp[p, None], cute.local_tile(sKp[None, row], (VEC,), (tidx % col_tiles,)))

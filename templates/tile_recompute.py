@@ -5,9 +5,10 @@ Shared by `templates/recompute_wu.py` (inputs from global memory) and `templates
 `templates/recompute_wu.py` and docs/numerics.md.
 
 - `gate_row`: one row's 8 columns, from register vectors (wherever they were loaded from): Kp, Vp to
-  the shared B-operand tiles, KG and QG to global. Every output element is computed here only (Vp by
-  `value_row`, which K != V calls on rows of v's own layout; KG by `key_gate_row`, which the 8-warp fused
-  kernel calls on other warps than Kp's).
+  the shared B-operand tiles (Kp optionally kept in registers, for the fused kernel to store later), KG and QG to
+  global. Every output element is computed here only (Kp by `key_product_row`; Vp by `value_row`, which K != V
+  calls on rows of v's own layout; KG by `key_gate_row`, which the 8-warp fused kernel calls on other warps than
+  Kp's).
 - `store_akk`: Akk rows (register vectors) -> the shared A tile, rows >= valid_rows as zero.
 - `product`: W or U = io_RN(Akk @ B) with mma.sync m16n8k16 from the shared tiles, staged and
   stored with 16-byte row stores.
@@ -161,20 +162,32 @@ def value_row(rV: cute.Tensor, beta: cutlass.Float32, sVp: cute.Tensor, row: cut
 
 
 @cute.jit
+def key_product_row(rK: cute.Tensor, rG: cute.Tensor, beta: cutlass.Float32, row: cutlass.Int32,
+                    valid_rows: cutlass.Int32, rKp: cute.Tensor):
+    """One row's 8 columns of Kp = io_RN(k * beta * exp2(g)) (io: rKp's element type) -> the register vector rKp,
+    zero past valid_rows; returns exp2(g) (QG's gate)."""
+    gate = cute.math.exp2(rG.load(), fastmath=True)
+    rKp.store(((rK.load().to(cutlass.Float32) * beta) * gate).to(rKp.element_type))
+    zero_unless(rKp, row < valid_rows)
+    return gate
+
+
+@cute.jit
 def gate_row(rK: cute.Tensor, rG: cute.Tensor, rV: cute.Tensor, rQ: cute.Tensor,
              beta: cutlass.Float32, rGlast: cute.Tensor, dKG: cute.Tensor, dQG: cute.Tensor,
              sKp: cute.Tensor, sVp: cute.Tensor, row: cutlass.Int32, valid_rows: cutlass.Int32,
-             col_tile: cutlass.Int32, output_qg: cutlass.Constexpr):
-    """One row's 8 columns: Kp (and Vp, `value_row`, unless rV is None: K != V takes v in rows of its
-    own) to smem (zero past valid_rows), KG (`key_gate_row`, unless rGlast is None: another thread computes
-    it), QG to global (dKG, dQG: [chunk, K] views of this chunk's rows)."""
+             col_tile: cutlass.Int32, output_qg: cutlass.Constexpr, rKp: cute.Tensor = None):
+    """One row's 8 columns: Kp (`key_product_row`) to smem, or, given the register vector `rKp`, into it (the caller
+    stores it to sKp later); Vp (`value_row`, unless rV is None: K != V takes v in rows of its own) to smem;
+    KG (`key_gate_row`, unless rGlast is None: another thread computes it), QG to global (dKG, dQG: [chunk, K]
+    views of this chunk's rows)."""
     f32, io = cutlass.Float32, sKp.element_type
-    gate = cute.math.exp2(rG.load(), fastmath=True)
-
-    rKp = cute.make_rmem_tensor((VEC,), io)
-    rKp.store(((rK.load().to(f32) * beta) * gate).to(io))
-    zero_unless(rKp, row < valid_rows)
-    cute.autovec_copy(rKp, cute.local_tile(sKp[None, row], (VEC,), (col_tile,)))
+    kp_kept = cutlass.const_expr(rKp is not None)
+    if cutlass.const_expr(not kp_kept):
+        rKp = cute.make_rmem_tensor((VEC,), io)
+    gate = key_product_row(rK, rG, beta, row, valid_rows, rKp)
+    if cutlass.const_expr(not kp_kept):
+        cute.autovec_copy(rKp, cute.local_tile(sKp[None, row], (VEC,), (col_tile,)))
     if cutlass.const_expr(rV is not None):
         value_row(rV, beta, sVp, row, valid_rows, col_tile)
     if cutlass.const_expr(rGlast is not None):
