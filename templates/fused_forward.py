@@ -264,7 +264,7 @@ class FusedForward:
         ops = (intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma)
         tensors = (mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens)
         # Registers of the tile whose loads are in flight: its v rows and this thread's beta.
-        rV = row_fragments(self.chunk // (GROUP_THREADS // (self.head_v // VEC)), io)
+        rV = self.row_vectors(self.head_v)
         rBeta = cute.make_rmem_tensor((1,), mBeta.element_type)
         # (the loads' mbarrier, the TMA tiles): `issue_tile_loads`' mbar_ptr and tma_tiles, None where the path has none
         mbar = (init_tile_loads(storage, self.load_path, self.config.warps), tma_tiles)
@@ -485,7 +485,7 @@ class FusedForward:
                 self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "q", landed[0])
         if cutlass.const_expr(gates_early):
             # Kp -> registers (the work region still holds L), Vp -> its own tile (free since the tile's start), KG.
-            rKp = self.kp_rows()
+            rKp = self.row_vectors(self.head_k)
             if cutlass.const_expr(recompute):
                 self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
                                batch, head, row0, valid_rows, tidx, rKp=rKp)
@@ -540,21 +540,17 @@ class FusedForward:
         """v of this thread's value rows (t // (V / 8) + p (128 / (V / 8)), columns 8 (t % (V / 8)) ..) -> rV,
         clamped to row valid_rows - 1 as in the standalone recompute; invariant loads (`load_row_vec`), all in
         flight."""
-        col_tiles = self.head_v // VEC
-        rows_per_pass = GROUP_THREADS // col_tiles
         for p in cutlass.range_constexpr(cute.size(rV, mode=[0])):
-            src_row = row0 + min(tidx // col_tiles + p * rows_per_pass, valid_rows - 1)
-            load_row_vec(mV[batch, src_row, head, None], tidx % col_tiles, rV[p, None])
+            src_row = row0 + min(self.thread_row(self.head_v, tidx, p), valid_rows - 1)
+            load_row_vec(mV[batch, src_row, head, None], self.col_tile(self.head_v, tidx), rV[p, None])
 
     @cute.jit
     def akk_rows_from_smem(self, sX: cute.Tensor, tidx: cutlass.Int32):
         """The Akk rows `store_akk` expects (thread t: column tile t % 8 of rows t // 8 + 16p)."""
-        chunks_per_row = self.chunk // VEC
-        rows_per_pass = GROUP_THREADS // chunks_per_row
-        rA = row_fragments(self.chunk // rows_per_pass, self.io)
-        for p in cutlass.range_constexpr(self.chunk // rows_per_pass):
-            row = tidx // chunks_per_row + p * rows_per_pass
-            cute.autovec_copy(cute.local_tile(sX[row, None], (VEC,), (tidx % chunks_per_row,)), rA[p, None])
+        rA = self.row_vectors(self.chunk)
+        for p in cutlass.range_constexpr(cute.size(rA, mode=[0])):
+            row = self.thread_row(self.chunk, tidx, p)
+            cute.autovec_copy(cute.local_tile(sX[row, None], (VEC,), (self.col_tile(self.chunk, tidx),)), rA[p, None])
         return rA
 
     @cute.jit
@@ -566,11 +562,9 @@ class FusedForward:
         """`gate_row` for this thread's rows t // (K / 8) + p (128 / (K / 8)), columns 8 (t % (K / 8)) ..,
         operands from smem; Vp from rV (`load_v_rows`' rows), in the same loop when K == V. `parts`: "all";
         "operands" (Kp, Vp, QG: KG is left to `parts="keys"`, on other warps); "keys" (KG only). `rKp`
-        (`kp_rows`): Kp stays there instead of going to sKp (`store_kp_rows` stores it)."""
+        (`row_vectors(K)`): Kp stays there instead of going to sKp (`store_kp_rows` stores it)."""
         f32, io = cutlass.Float32, self.io
-        col_tiles = self.head_k // VEC
-        rows_per_pass = GROUP_THREADS // col_tiles
-        col_tile = tidx % col_tiles
+        col_tile = self.col_tile(self.head_k, tidx)
         dQG = dKG  # never written without QG (mQG is then a small dummy)
         if cutlass.const_expr(self.output_qg):
             dQG = chunk_rows(mQG, batch, head, row0, self.chunk)
@@ -582,8 +576,8 @@ class FusedForward:
         rG = cute.make_rmem_tensor((VEC,), f32)
         rQ = cute.make_rmem_tensor((VEC,), io)
         same_rows = cutlass.const_expr(self.head_k == self.head_v)  # rV holds v in these rows and columns
-        for p in cutlass.range_constexpr(self.chunk // rows_per_pass):
-            row = tidx // col_tiles + p * rows_per_pass
+        for p in cutlass.range_constexpr(self.rows_per_thread(self.head_k)):
+            row = self.thread_row(self.head_k, tidx, p)
             cute.autovec_copy(cute.local_tile(sK[row, None], (VEC,), (col_tile,)), rK)
             cute.autovec_copy(cute.local_tile(sG[row, None], (VEC,), (col_tile,)), rG)
             if cutlass.const_expr(parts == "keys"):
@@ -594,20 +588,33 @@ class FusedForward:
                 gate_row(rK, rG, rV[p, None] if same_rows else None, rQ, sBeta[row], rGlast, dKG, dQG, sKp,
                          sVp, row, valid_rows, col_tile, self.output_qg, None if rKp is None else rKp[p, None])
         if cutlass.const_expr(not same_rows and parts != "keys"):
-            v_col_tiles = self.head_v // VEC
             for p in cutlass.range_constexpr(cute.size(rV, mode=[0])):
-                row = tidx // v_col_tiles + p * (GROUP_THREADS // v_col_tiles)
-                value_row(rV[p, None], sBeta[row], sVp, row, valid_rows, tidx % v_col_tiles)
+                row = self.thread_row(self.head_v, tidx, p)
+                value_row(rV[p, None], sBeta[row], sVp, row, valid_rows, self.col_tile(self.head_v, tidx))
 
-    def kp_rows(self):
-        """Registers for Kp of this thread's `gate_rows` rows (one 8-value vector per row)."""
-        return row_fragments(self.chunk // (GROUP_THREADS // (self.head_k // VEC)), self.io)
+    def thread_row(self, cols: int, tidx: cutlass.Int32, p: int) -> cutlass.Int32:
+        """The row of this thread's p-th 8-column vector of a [chunk, cols] tile that the group's 128 threads cover
+        row by row: t // (cols / 8) + p (128 / (cols / 8)), at column tile `col_tile` (the layout of `load_v_rows`,
+        `gate_rows`, `store_kp_rows` and `akk_rows_from_smem`)."""
+        col_tiles = cols // VEC
+        return tidx // col_tiles + p * (GROUP_THREADS // col_tiles)
+
+    def col_tile(self, cols: int, tidx: cutlass.Int32) -> cutlass.Int32:
+        """The column tile (columns 8 c ..) of this thread's `thread_row` vectors: t % (cols / 8)."""
+        return tidx % (cols // VEC)
+
+    def rows_per_thread(self, cols: int) -> int:
+        """How many `thread_row` vectors of a [chunk, cols] tile each thread holds."""
+        return self.chunk // (GROUP_THREADS // (cols // VEC))
+
+    def row_vectors(self, cols: int) -> cute.Tensor:
+        """Registers for this thread's `thread_row` vectors of a [chunk, cols] tile (one 8-value vector per row)."""
+        return row_fragments(self.rows_per_thread(cols), self.io)
 
     @cute.jit
     def store_kp_rows(self, rKp: cute.Tensor, sKp: cute.Tensor, tidx: cutlass.Int32):
         """Kp kept in registers by `gate_rows` (rKp) -> sKp, the rows and columns `gate_row` stores it to."""
-        col_tiles = self.head_k // VEC
-        rows_per_pass = GROUP_THREADS // col_tiles
         for p in cutlass.range_constexpr(cute.size(rKp, mode=[0])):
-            row = tidx // col_tiles + p * rows_per_pass
-            cute.autovec_copy(rKp[p, None], cute.local_tile(sKp[None, row], (VEC,), (tidx % col_tiles,)))
+            row = self.thread_row(self.head_k, tidx, p)
+            sRow = cute.local_tile(sKp[None, row], (VEC,), (self.col_tile(self.head_k, tidx),))
+            cute.autovec_copy(rKp[p, None], sRow)
