@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync
+from cutlass.cutlass_dsl import dsl_user_op
 
 from kdajit.keys import padded_head_dim
 from kdajit.templates.common import IO_TYPES, RN, chunk_rows, global_vec, qk_head, tf32, tf32x3_gemm
@@ -112,8 +114,9 @@ def padded_tile_layout(dtype, rows: int, cols: int):
 
 
 def make_row_copy(dtype, cols: int, num_threads: int) -> cute.TiledCopy:
-    """cp.async copies of a [rows, padded_head_dim(cols)] tile by `num_threads` threads, row-major, in `global_vec`
-    pieces: 16 bytes (cp.async.cg) where every row start allows it, else 8 (cp.async.ca: bf16 at K = 60, 100)."""
+    """The thread layout of `load_rows`' copies of a [rows, padded_head_dim(cols)] tile by `num_threads` threads,
+    row-major, in `global_vec` pieces: 16 bytes (cp.async.cg) where every row start allows it, else 8 (cp.async.ca:
+    bf16 at K = 60, 100)."""
     vec = global_vec(dtype, cols)
     threads_per_row = padded_head_dim(cols) // vec
     cache_mode = cpasync.LoadCacheMode.GLOBAL if vec * dtype.width == 128 else cpasync.LoadCacheMode.ALWAYS
@@ -126,27 +129,46 @@ def make_row_copy(dtype, cols: int, num_threads: int) -> cute.TiledCopy:
 @cute.jit
 def load_rows(tiled_copy: cute.TiledCopy, gX: cute.Tensor, sX: cute.Tensor, cX: cute.Tensor,
               tidx: cutlass.Int32, valid_rows: cutlass.Int32):
-    """cp.async the rows < valid_rows of a [chunk, cols] tile; other rows stay unwritten. Where gX has fewer
-    columns than sX (a padded head size), sX's columns past gX's are set to +0 in every row instead: the intra
-    products sum over them."""
+    """cp.async the rows < valid_rows of a [chunk, cols] tile into sX, by thread `tidx`'s pieces of `tiled_copy`
+    (`make_row_copy`). Every other element of sX is set to +0 by the same copies, which read nothing there
+    (`cp_async_zero_fill`): rows >= valid_rows and, where gX has fewer columns than sX (a padded head size), the
+    columns past gX's, over which the intra products sum. No branch per piece: a warp's copies of one row are one
+    instruction whichever of its lanes fall in the pad."""
     cols = cute.size(gX, mode=[1])
-    padded = cutlass.const_expr(cols != cute.size(sX, mode=[1]))
-    if cutlass.const_expr(padded):
-        gX = cute.make_tensor(gX.iterator, cute.make_layout(sX.shape, stride=gX.stride))
+    gX = cute.make_tensor(gX.iterator, cute.make_layout(sX.shape, stride=gX.stride))
     thr_copy = tiled_copy.get_slice(tidx)
     tXgX = thr_copy.partition_S(gX)
     tXsX = thr_copy.partition_D(sX)
     tXcX = thr_copy.partition_S(cX)
+    piece_bytes = cute.size(tXsX, mode=[0]) * sX.element_type.width // 8
     for m in cutlass.range_constexpr(cute.size(tXgX, mode=[1])):
-        if cutlass.const_expr(padded):
-            if tXcX[0, m, 0][1] < cols:
-                if tXcX[0, m, 0][0] < valid_rows:
-                    cute.copy(tiled_copy, tXgX[None, m, None], tXsX[None, m, None])
-            else:
-                tXsX[None, m, None].fill(0.0)
-        else:
-            if tXcX[0, m, 0][0] < valid_rows:
-                cute.copy(tiled_copy, tXgX[None, m, None], tXsX[None, m, None])
+        row, col = tXcX[0, m, 0]
+        src_bytes = cutlass.Int32(0)
+        if row < valid_rows:
+            if col < cols:
+                src_bytes = cutlass.Int32(piece_bytes)
+        cp_async_zero_fill(tXsX[None, m, None].iterator, tXgX[None, m, None].iterator, piece_bytes, src_bytes)
+
+
+@dsl_user_op
+def cp_async_zero_fill(dst: cute.Pointer, src: cute.Pointer, piece_bytes: int, src_bytes: cutlass.Int32, *,
+                       loc=None, ip=None):
+    """One cp.async of `piece_bytes` (4, 8 or 16; 16 bypasses L1) from global `src` to shared `dst` that reads only
+    the first `src_bytes` and writes zeros to the rest (`src_bytes` 0: nothing is read, and `src` may point anywhere;
+    PTX's src-size operand). The copy joins this thread's next commit group."""
+    cache = "cg" if piece_bytes == 16 else "ca"
+    llvm.inline_asm(
+        None,
+        [dst.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), src.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+         cutlass.Int32(src_bytes).ir_value(loc=loc, ip=ip)],
+        f"cp.async.{cache}.shared.global [$0], [$1], {piece_bytes}, $2;",
+        "r,l,r,~{memory}",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
 
 
 def bulk_loadable(dtype, cols: int) -> bool:
