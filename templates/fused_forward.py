@@ -11,11 +11,11 @@ Per tile (4 warps, 128 threads; the phases run one after another, separated by C
    as in the standalone intra kernel): at K = 64, 128 each tile is one TMA box, rows and row pad, issued by one
    thread (`tile_intra.make_tma_tile`; rows >= v hold the next sequence's rows or zeros); at K = 256 one
    cp.async.bulk per row < v (each warp's elected thread arms the mbarrier with its rows' bytes and issues their
-   copies). Padded head sizes (60, 100, ...) load rows < v by 16-byte cp.async (8-byte pieces for 16-bit rows at
-   60 or 100); beta into a register, converted to fp32
-   into a 64-entry shared vector (0 for rows >= v) once the tile's loads have landed; v rows by 16-byte
-   `ld.global.nc` (the same pieces) straight into registers (clamped to row v - 1, as the standalone recompute
-   does), in flight during phases 2-3.
+   copies). Padded head sizes (60, 100, ...) load by 16-byte cp.async (8-byte pieces for 16-bit rows at 60 or
+   100) whose zero fill writes +0 to the pad columns and rows >= v without reading them (`tile_intra.load_rows`);
+   beta into a register, converted to fp32 into a 64-entry shared vector (0 for rows >= v) once the tile's loads
+   have landed; v rows by 16-byte `ld.global.nc` (the same pieces) straight into registers (clamped to row v - 1,
+   as the standalone recompute does), in flight during phases 2-3.
 2. intra (`intra_tile`): Aqk blocks -> global, L blocks -> shared fp32 (rows >= v set to +0: the
    shared state the standalone inverse builds from the workspace).
 3. inverse (`invert_tile`): Akk in shared memory (io dtype); rows < v -> global with 16-byte stores (the same

@@ -191,7 +191,7 @@ def bulk_load_rows(gX: cute.Tensor, sX: cute.Tensor, mbar_ptr: cute.Pointer, fir
     """One cp.async.bulk per row first_row + n row_step < valid_rows of a [chunk, cols] global tile into the same
     row of the padded shared tile sX (`bulk_loadable` rows), each completing its `bulk_bytes` on the mbarrier at
     `mbar_ptr`. For one thread: the caller elects it and has armed the mbarrier for these rows first. Other rows
-    stay unwritten, as with `load_rows`."""
+    stay unwritten (`load_rows` sets them to +0)."""
     dtype = gX.element_type
     cols = cute.size(gX, mode=[1])
     assert cols == cute.size(sX, mode=[1]) and bulk_loadable(dtype, cols), "bulk rows fill whole, unpadded tiles"
@@ -279,7 +279,7 @@ def issue_tma_tiles(pieces: cutlass.Constexpr, mbar_ptr: cute.Pointer, batch: cu
     writes zeros). Warp 0 arms the mbarrier at `mbar_ptr` with every box's bytes (arriving unless `arrive` is False,
     `issue_bulk_rows`' convention; the mbarrier counts one arrival, `init_bulk_mbar(.., 1)`) and issues them; the
     other warps do nothing. Every row is loaded: rows >= valid_rows hold the next sequence's rows or zeros, which
-    nothing stores (as the stale rows of `load_rows`)."""
+    nothing stores (as the +0 rows of `load_rows`)."""
     if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
         box_bytes = 0
         for (atom, _), sX, _ in pieces:
@@ -519,10 +519,10 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
     # ///////////////////////////////////////////////////////////////////////////////
     #  MAINLOOP: one accumulator chain per 16x8 tile over d, ascending
     # ///////////////////////////////////////////////////////////////////////////////
-    # Rows >= valid_rows of the shared tiles hold whatever was there (unwritten, or with TMA loads the next sequence's
-    # rows or zeros) and enter the products unmasked: an A row i only reaches output row i, which is not stored, and
-    # a B column j >= valid_rows only reaches output column j > i of a valid row i, in a diagonal block, where the
-    # epilogue's select puts 0.
+    # Rows >= valid_rows of the shared tiles hold +0 (cp.async loads), whatever was there (bulk rows) or the next
+    # sequence's rows or zeros (TMA loads) and enter the products unmasked: an A row i only reaches output row i, which
+    # is not stored, and a B column j >= valid_rows only reaches output column j > i of a valid row i, in a diagonal
+    # block, where the epilogue's select puts 0.
     exact = cutlass.const_expr(exact_unroll > 0)
     rArgMin = cute.make_rmem_tensor(tAsG[None, None, 0].shape, cutlass.Float32)  # exact: min over d of A's exponent
     rArgMin.fill(DIAG_SHIFT)
