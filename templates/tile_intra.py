@@ -115,12 +115,11 @@ def padded_tile_layout(dtype, rows: int, cols: int):
 
 def make_row_copy(dtype, cols: int, num_threads: int) -> cute.TiledCopy:
     """The thread layout of `load_rows`' copies of a [rows, padded_head_dim(cols)] tile by `num_threads` threads,
-    row-major, in `global_vec` pieces: 16 bytes (cp.async.cg) where every row start allows it, else 8 (cp.async.ca:
-    bf16 at K = 60, 100)."""
+    row-major, in `global_vec` pieces: 16 bytes where every row start allows it, else 8 (bf16 at K = 60, 100). Only
+    the partition is used: `cp_async_zero_fill` issues each piece (cp.async.cg for 16 bytes, cp.async.ca below)."""
     vec = global_vec(dtype, cols)
     threads_per_row = padded_head_dim(cols) // vec
-    cache_mode = cpasync.LoadCacheMode.GLOBAL if vec * dtype.width == 128 else cpasync.LoadCacheMode.ALWAYS
-    atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cache_mode), dtype, num_bits_per_copy=vec * dtype.width)
+    atom = cute.make_copy_atom(cpasync.CopyG2SOp(), dtype, num_bits_per_copy=vec * dtype.width)
     thr_layout = cute.make_layout((num_threads // threads_per_row, threads_per_row),
                                   stride=(threads_per_row, 1))
     return cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, vec)))
