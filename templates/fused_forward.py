@@ -87,7 +87,8 @@ from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_
                                            zero_rows_from)
 from kdajit.templates.tile_recompute import (PRODUCT_BARRIERS, VEC, RecomputeLayouts, gate_row, key_gate_row,
                                              load_row_vec, make_recompute_mma, product_threads, products_by_groups,
-                                             products_w_u, row_fragments, store_akk, value_row)
+                                             products_w_u, row_fragments, store_akk, store_b_row,
+                                             value_row)
 
 # 4 warps: the inverse, the gate rows and the W/U products are written for one group of 4 warps (all of
 # a 4-warp CTA; in an 8-warp CTA group 0 = warps 0-3 inverts and multiplies W, group 1 = warps 4-7
@@ -615,6 +616,4 @@ class FusedForward:
     def store_kp_rows(self, rKp: cute.Tensor, sKp: cute.Tensor, tidx: cutlass.Int32):
         """Kp kept in registers by `gate_rows` (rKp) -> sKp, the rows and columns `gate_row` stores it to."""
         for p in cutlass.range_constexpr(cute.size(rKp, mode=[0])):
-            row = self.thread_row(self.head_k, tidx, p)
-            sRow = cute.local_tile(sKp[None, row], (VEC,), (self.col_tile(self.head_k, tidx),))
-            cute.autovec_copy(rKp[p, None], sRow)
+            store_b_row(rKp[p, None], sKp, self.thread_row(self.head_k, tidx, p), self.col_tile(self.head_k, tidx))

@@ -158,7 +158,14 @@ def value_row(rV: cute.Tensor, beta: cutlass.Float32, sVp: cute.Tensor, row: cut
     rVp = cute.make_rmem_tensor((VEC,), io)
     rVp.store((rV.load().to(f32) * beta).to(io))
     zero_unless(rVp, row < valid_rows)
-    cute.autovec_copy(rVp, cute.local_tile(sVp[None, row], (VEC,), (col_tile,)))
+    store_b_row(rVp, sVp, row, col_tile)
+
+
+@cute.jit
+def store_b_row(rVec: cute.Tensor, sB: cute.Tensor, row: cutlass.Int32, col_tile: cutlass.Int32):
+    """A row's 8-value register vector -> its columns 8 col_tile .. in the shared B-operand tile sB (Kp or Vp,
+    stored (d, j): the row is sB[None, row])."""
+    cute.autovec_copy(rVec, cute.local_tile(sB[None, row], (VEC,), (col_tile,)))
 
 
 @cute.jit
@@ -187,7 +194,7 @@ def gate_row(rK: cute.Tensor, rG: cute.Tensor, rV: cute.Tensor, rQ: cute.Tensor,
         rKp = cute.make_rmem_tensor((VEC,), io)
     gate = key_product_row(rK, rG, beta, row, valid_rows, rKp)
     if cutlass.const_expr(not kp_kept):
-        cute.autovec_copy(rKp, cute.local_tile(sKp[None, row], (VEC,), (col_tile,)))
+        store_b_row(rKp, sKp, row, col_tile)
     if cutlass.const_expr(rV is not None):
         value_row(rV, beta, sVp, row, valid_rows, col_tile)
     if cutlass.const_expr(rGlast is not None):
