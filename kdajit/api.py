@@ -288,7 +288,7 @@ def tune(batch: int, tokens: int, heads: int, *, beta_dtype: str = "bf16", varle
     if spec.untuned_fused_config is None:
         raise ValueError(f"nothing to tune at head_k={head_k} with output_qg={bool(output_qg)}: forward runs the "
                          f"standalone kernels there (one configuration each); expected a specialization of "
-                         f"kdajit.keys.UNTUNED_FUSED_CONFIGS that runs the fused kernel")
+                         f"kdajit.untuned_configs that runs the fused kernel")
     shape = tuner.TuneShape(batch, sum(lengths) if lengths else tokens, heads, tuple(lengths) if lengths else None)
     key = tuner.tuning_key(spec, device_index, shape.total_tokens, heads, shape.seqs)
     with torch.cuda.device(device_index):

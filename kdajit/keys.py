@@ -5,8 +5,8 @@ request, SM arch, q/k/v dtype). Each kernel template has its own key class holdi
 generated code depends on, plus its tunable config (`KernelConfig`; `FusedConfig` for the fused
 kernel). Runtime shapes (B, T, H, N) are never in a key: the kernels take them as symbolic sizes.
 
-This module is a leaf: it imports nothing from kdajit, so templates, the cache and the API can all
-use it.
+This module is a leaf: it imports nothing from kdajit but the data module kdajit.untuned_configs (which imports
+nothing), so templates, the cache and the API can all use it.
 """
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from typing import ClassVar
+
+from kdajit import untuned_configs
 
 BETA_DTYPES = ("bf16", "fp16", "fp32")
 # dtype of q, k, v and of every 16-bit output (Aqk, Akk, W, U, KG, QG): the MMA operand type.
@@ -126,29 +128,13 @@ FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
     FusedConfig(True, ctas, raster, ahead) for ahead in LOADS_AHEAD for ctas in (1, 2) for raster in RASTER_ORDERS
 ) + (FusedConfig(warps=8),) + tuple(FusedConfig(True, ctas, "head", 0, 8) for ctas in (1, 2)) + tuple(
     FusedConfig(True, ctas, "head", 1, gate_rows="early") for ctas in (1, 2))
-# What `kdajit.forward` runs on the fused archs where no tuning record applies (KDAJIT_AUTOTUNE=off, or no record
-# for the call's workload), by (chunk, padded head_k, output_qg); K != V follows its K's entry, a padded K (60, 100)
-# that of its tile size (K = 60: tile 0.690 ms against tile-w8's 0.765; K = 100: tile-w8 1.083 against tile's 1.206;
-# H200, 2026-12-04): the fused kernel in the fastest configuration measured on the H200, or None for the standalone
-# kernels where they measured faster than every fused configuration; the reference configuration elsewhere (chunk
-# 32, 2026-12-04: the reference 0.676 ms against tile-w8's 1.054 at K = 128 without QG). Measured at B=2 T=8192
-# H=64, bf16 (docs/performance.md, 2026-12-03): K = 128 without QG, tile-w8 1.01 ms against the reference's 1.20;
-# K = 256 without QG, tile-w8 2.52 against the standalone kernels' 2.69 (the reference 2.97); K = 256 with QG (no
-# 8-warp build there), the reference 2.97 against the standalone 2.69. Every configuration and route gives the same
-# bits, so this choice is speed only. The any-gate path (safe_gate=False) makes the same choice: at K = 128 without
-# QG tile-w8 1.37 ms against the reference's 1.57 (2026-12-04). compute-sanitizer's racecheck reports hazards in the
-# 8-warp configurations; a minimal kernel with the same barrier pattern shows that report is the tool's
-# (docs/reliability.md, benchmarks/racecheck_probe.py).
-UNTUNED_FUSED_CONFIGS = {(64, 128, False): FusedConfig(warps=8), (64, 256, False): FusedConfig(warps=8),
-                         (64, 256, True): None}
-# ... except where K = V (a padded K = V too) runs the 64 or 128 tile without QG: there the persistent 4-warp
-# configuration that issues the next tile's loads early is the fastest (B=2 T=8192 H=64, safe gate; H200 unless
-# named): K = V = 128 0.848 ms against tile-w8's 0.949 (any gate 0.990 against 1.032; 2026-12-05, TMA tree); K = V =
-# 64 0.556 against the tile's 0.579 and K = V = 60 0.670 against 0.687 (2026-12-05); K = V = 100 (H100, 2026-12-05)
-# 1.037 against tile-w8's 1.136. K != V keeps the entry above (a persistent grid of 2 CTAs per SM does not fit
-# every K != V pair).
-UNTUNED_SQUARE_CONFIGS = {(64, 64, False): FusedConfig(True, 2, "head", 1),
-                          (64, 128, False): FusedConfig(True, 2, "head", 1)}
+# What `kdajit.forward` runs on the fused archs without a tuning record, by (chunk, padded head_k, output_qg): the
+# tables of kdajit.untuned_configs (kept out of this file, which the toolchain fingerprint hashes: the default
+# choice changes no kernel's code), as FusedConfig instances (None: the standalone kernels).
+UNTUNED_FUSED_CONFIGS = {entry: None if fields is None else FusedConfig(**fields)
+                         for entry, fields in untuned_configs.FUSED.items()}
+UNTUNED_SQUARE_CONFIGS = {entry: FusedConfig(**fields)
+                          for entry, fields in untuned_configs.SQUARE.items()}
 
 
 @dataclass(frozen=True)

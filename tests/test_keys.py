@@ -1,9 +1,10 @@
 """Compile keys: every field matters, runtime shapes are never part of one, and invalid specs are refused."""
 import dataclasses
+import os
 
 import pytest
 
-from kdajit import keys
+from kdajit import compiler, keys, untuned_configs
 from kdajit.keys import (BETA_DTYPES, AkkInverseKey, ForwardSpec, FusedConfig, FusedForwardKey, IntraKey, KernelConfig,
                          RecomputeWUKey, key_from_json)
 from kdajit.outputs import BETA_TORCH_DTYPES
@@ -106,3 +107,13 @@ def test_head_dim_rule_and_padding():
     assert {d: padded[d] for d in keys.HEAD_DIMS} == {d: d for d in keys.HEAD_DIMS}
     assert (padded[4], padded[60], padded[68], padded[100], padded[252]) == (64, 64, 128, 128, 256)
     assert all(d <= p and p in keys.HEAD_DIMS for d, p in padded.items())
+
+
+def test_untuned_configs_are_declared_members_outside_the_fingerprint():
+    # The default choice changes no kernel's code: a new default must not turn every cached kernel into a miss, so
+    # its table lives outside the hashed sources; and each default must be a member of the declared space.
+    hashed = {os.path.basename(f) for f in compiler.template_files()}
+    assert "keys.py" in hashed and "untuned_configs.py" not in hashed
+    tables = list(keys.UNTUNED_FUSED_CONFIGS.values()) + list(keys.UNTUNED_SQUARE_CONFIGS.values())
+    assert len(tables) == len(untuned_configs.FUSED) + len(untuned_configs.SQUARE)
+    assert all(c is None or c in keys.FUSED_CONFIG_SPACE for c in tables), tables

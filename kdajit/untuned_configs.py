@@ -1,0 +1,33 @@
+"""Which fused configuration `kdajit.forward` runs where no tuning record applies (KDAJIT_AUTOTUNE=off, or no record
+for the call's workload): data only, as `kdajit.keys.FusedConfig` fields (keys builds the instances and
+`ForwardSpec.untuned_fused_config` reads them).
+
+Every configuration and route gives the same bits, so this choice is speed only, and changing it changes no
+kernel's code. That is why it lives here and not in kdajit/keys.py: the toolchain fingerprint hashes keys.py
+(`kdajit.compiler.template_files`), so a new default there would turn every cached kernel into a miss.
+
+Entries are keyed by (chunk, padded head_k, output_qg); K != V follows its K's entry, a padded K (60, 100) that of
+its tile size. FUSED: the fused kernel in the fastest configuration measured on the H200, or None for the
+standalone kernels where they measured faster than every fused configuration; the reference configuration (an
+absent entry) elsewhere. Measured at B=2 T=8192 H=64, bf16 (docs/performance.md):
+- chunk 32 (2026-12-04): the reference 0.676 ms against tile-w8's 1.054 at K = 128 without QG;
+- K = 128 without QG (2026-12-03): tile-w8 1.01 ms against the reference's 1.20; the any-gate path
+  (safe_gate=False) makes the same choice, tile-w8 1.37 ms against the reference's 1.57 (2026-12-04);
+- K = 256 without QG: tile-w8 2.52 against the standalone kernels' 2.69 (the reference 2.97); K = 256 with QG (no
+  8-warp build there): the reference 2.97 against the standalone 2.69;
+- K = 60: tile 0.690 ms against tile-w8's 0.765; K = 100: tile-w8 1.083 against tile's 1.206 (H200, 2026-12-04).
+compute-sanitizer's racecheck reports hazards in the 8-warp configurations; a minimal kernel with the same barrier
+pattern shows that report is the tool's (docs/reliability.md, benchmarks/racecheck_probe.py).
+
+SQUARE overrides FUSED where K = V (a padded K = V too) runs the 64 or 128 tile without QG: there the persistent
+4-warp configuration that issues the next tile's loads early is the fastest (B=2 T=8192 H=64, safe gate; H200 unless
+named): K = V = 128 0.848 ms against tile-w8's 0.949 (any gate 0.990 against 1.032; 2026-12-05, TMA tree); K = V =
+64 0.556 against the tile's 0.579 and K = V = 60 0.670 against 0.687 (2026-12-05); K = V = 100 (H100, 2026-12-05)
+1.037 against tile-w8's 1.136. K != V keeps its FUSED entry (a persistent grid of 2 CTAs per SM does not fit every
+K != V pair).
+"""
+
+_PERSISTENT_C2_HEAD_A1 = {"persistent": True, "ctas_per_sm": 2, "raster": "head", "loads_ahead": 1}
+
+FUSED = {(64, 128, False): {"warps": 8}, (64, 256, False): {"warps": 8}, (64, 256, True): None}
+SQUARE = {(64, 64, False): _PERSISTENT_C2_HEAD_A1, (64, 128, False): _PERSISTENT_C2_HEAD_A1}
