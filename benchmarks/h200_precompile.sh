@@ -80,6 +80,13 @@ precompile --only fused_forward --io fp16 --beta fp16 --kv 128 --varlen dense,cu
 cov --only fused_forward --io bf16 --beta bf16 --kv 64,60,100 --varlen dense,cu32 --qg off
 cov --only fused_forward --io fp16 --beta fp16 --kv 64,100 --varlen dense,cu32 --qg off
 precompile --only fused_forward --gate any --io bf16 --beta bf16 --kv 100 --varlen dense,cu64 --qg off
+# ... and the early gate rows (a1-ge) of the same K = V = 128 and 64 calls: the untuned configuration there if an H200
+# ranks it first (kdajit/untuned_configs.py is outside the toolchain fingerprint, so a flip needs no new tarball)
+ge_words=(--qg off --config "persistent=true;ctas_per_sm=2;raster=head;loads_ahead=1;gate_rows=early")
+precompile --only fused_forward --io bf16 --beta bf16,fp32 --kv 128 --varlen dense,cu32,cu64 "${ge_words[@]}"
+precompile --only fused_forward --io fp16 --beta fp16 --kv 128 --varlen dense,cu32,cu64 "${ge_words[@]}"
+cov --only fused_forward --io bf16 --beta bf16 --kv 64 --varlen dense,cu32 "${ge_words[@]}"
+cov --only fused_forward --io fp16 --beta fp16 --kv 64 --varlen dense,cu32 "${ge_words[@]}"
 # tests/test_gpu_coverage.py's padded head sizes (K = 60, 100; K != V: 100 x 60, 100 x 128, 64 x 60, 4 x 252,
 # 252 x 4), the configurations of its other cases
 for qg_config in "on --config $persistent_c1" "off --config $tile_w8"; do
