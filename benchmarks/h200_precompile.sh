@@ -72,7 +72,7 @@ for qg_config in "on --config $persistent_c1" "off --config $tile_w8"; do
     "$config"
   precompile_chunk 32 --io fp16 --beta fp16 --kv 64 --varlen dense,cu32 --qg "$qg" --config ref "$flag" "$config"
 done
-# forward's untuned configuration where K = V pads to 64 or 128 without QG (keys.UNTUNED_SQUARE_CONFIGS; precompile
+# forward's untuned configuration where K = V pads to 64 or 128 without QG (kdajit/untuned_configs.py; precompile
 # without --config builds it beside the reference), for the forward calls of the coverage, grouped-head, any-gate and
 # FLA-backend tests and of the bench rows: K = V = 128 both gates, 64 / 60 / 100 safe, 100 any (FLA's D = 100 shapes)
 precompile --only fused_forward --io bf16 --beta bf16,fp32 --kv 128 --varlen dense,cu32,cu64 --qg off
@@ -81,7 +81,7 @@ cov --only fused_forward --io bf16 --beta bf16 --kv 64,60,100 --varlen dense,cu3
 cov --only fused_forward --io fp16 --beta fp16 --kv 64,100 --varlen dense,cu32 --qg off
 precompile --only fused_forward --gate any --io bf16 --beta bf16 --kv 100 --varlen dense,cu64 --qg off
 # ... and the early gate rows (a1-ge) of the same K = V = 128 and 64 calls: the untuned configuration there if an H200
-# ranks it first (kdajit/untuned_configs.py is outside the toolchain fingerprint, so a flip needs no new tarball)
+# ranks it first (untuned_configs.SQUARE; outside the toolchain fingerprint, so a flip needs no new tarball)
 ge_words=(--qg off --config "persistent=true;ctas_per_sm=2;raster=head;loads_ahead=1;gate_rows=early")
 precompile --only fused_forward --io bf16 --beta bf16,fp32 --kv 128 --varlen dense,cu32,cu64 "${ge_words[@]}"
 precompile --only fused_forward --io fp16 --beta fp16 --kv 128 --varlen dense,cu32,cu64 "${ge_words[@]}"

@@ -5,7 +5,7 @@ request, SM arch, q/k/v dtype). Each kernel template has its own key class holdi
 generated code depends on, plus its tunable config (`KernelConfig`; `FusedConfig` for the fused
 kernel). Runtime shapes (B, T, H, N) are never in a key: the kernels take them as symbolic sizes.
 
-This module is a leaf: it imports nothing from kdajit but the data module kdajit.untuned_configs (which imports
+This module is a leaf: it imports nothing from kdajit but kdajit.untuned_configs (the untuned defaults, which imports
 nothing), so templates, the cache and the API can all use it.
 """
 from __future__ import annotations
@@ -128,13 +128,6 @@ FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
     FusedConfig(True, ctas, raster, ahead) for ahead in LOADS_AHEAD for ctas in (1, 2) for raster in RASTER_ORDERS
 ) + (FusedConfig(warps=8),) + tuple(FusedConfig(True, ctas, "head", 0, 8) for ctas in (1, 2)) + tuple(
     FusedConfig(True, ctas, "head", 1, gate_rows="early") for ctas in (1, 2))
-# What `kdajit.forward` runs on the fused archs without a tuning record, by (chunk, padded head_k, output_qg): the
-# tables of kdajit.untuned_configs (kept out of this file, which the toolchain fingerprint hashes: the default
-# choice changes no kernel's code), as FusedConfig instances (None: the standalone kernels).
-UNTUNED_FUSED_CONFIGS = {entry: None if fields is None else FusedConfig(**fields)
-                         for entry, fields in untuned_configs.FUSED.items()}
-UNTUNED_SQUARE_CONFIGS = {entry: FusedConfig(**fields)
-                          for entry, fields in untuned_configs.SQUARE.items()}
 
 
 @dataclass(frozen=True)
@@ -353,11 +346,11 @@ class ForwardSpec:
     @property
     def untuned_fused_config(self) -> FusedConfig | None:
         """The fused configuration `kdajit.forward` runs for this spec without a tuning record, or None where it
-        runs the standalone kernels (UNTUNED_FUSED_CONFIGS, UNTUNED_SQUARE_CONFIGS)."""
-        entry = (self.chunk, padded_head_dim(self.head_k), self.output_qg)
-        if self.head_k == self.head_v and entry in UNTUNED_SQUARE_CONFIGS:
-            return UNTUNED_SQUARE_CONFIGS[entry]
-        return UNTUNED_FUSED_CONFIGS.get(entry, FusedConfig())
+        runs the standalone kernels: `kdajit.untuned_configs`, outside the toolchain fingerprint (a default changes
+        no kernel's code)."""
+        fields = untuned_configs.untuned_fields(self.chunk, self.head_k, self.head_v, padded_head_dim(self.head_k),
+                                                self.output_qg)
+        return None if fields is None else FusedConfig(**fields)
 
     def kernel_keys(self) -> tuple[_KernelKey, ...]:
         """The keys of every kernel the API runs for this spec without a tuning record: the standalone

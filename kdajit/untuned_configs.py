@@ -1,13 +1,13 @@
 """Which fused configuration `kdajit.forward` runs where no tuning record applies (KDAJIT_AUTOTUNE=off, or no record
-for the call's workload): data only, as `kdajit.keys.FusedConfig` fields (keys builds the instances and
-`ForwardSpec.untuned_fused_config` reads them).
+for the call's workload): the tables, as `kdajit.keys.FusedConfig` fields, and the lookup `untuned_fields`, which
+`ForwardSpec.untuned_fused_config` calls. This module imports nothing.
 
 Every configuration and route gives the same bits, so this choice is speed only, and changing it changes no
 kernel's code. That is why it lives here and not in kdajit/keys.py: the toolchain fingerprint hashes keys.py
 (`kdajit.compiler.template_files`), so a new default there would turn every cached kernel into a miss.
 
-Entries are keyed by (chunk, padded head_k, output_qg); K != V follows its K's entry, a padded K (60, 100) that of
-its tile size. FUSED: the fused kernel in the fastest configuration measured on the H200, or None for the
+Entries are keyed by (chunk, head size, output_qg). FUSED, by K's tile size (`kdajit.keys.padded_head_dim`; K != V
+follows its K's entry): the fused kernel in the fastest configuration measured on the H200, or None for the
 standalone kernels where they measured faster than every fused configuration; the reference configuration (an
 absent entry) elsewhere. Measured at B=2 T=8192 H=64, bf16 (docs/performance.md):
 - chunk 32 (2026-12-04): the reference 0.676 ms against tile-w8's 1.054 at K = 128 without QG;
@@ -19,15 +19,31 @@ absent entry) elsewhere. Measured at B=2 T=8192 H=64, bf16 (docs/performance.md)
 compute-sanitizer's racecheck reports hazards in the 8-warp configurations; a minimal kernel with the same barrier
 pattern shows that report is the tool's (docs/reliability.md, benchmarks/racecheck_probe.py).
 
-SQUARE overrides FUSED where K = V (a padded K = V too) runs the 64 or 128 tile without QG: there the persistent
-4-warp configuration that issues the next tile's loads early is the fastest (B=2 T=8192 H=64, safe gate; H200 unless
-named): K = V = 128 0.848 ms against tile-w8's 0.949 (any gate 0.990 against 1.032; 2026-12-05, TMA tree); K = V =
-64 0.556 against the tile's 0.579 and K = V = 60 0.670 against 0.687 (2026-12-05); K = V = 100 (H100, 2026-12-05)
-1.037 against tile-w8's 1.136. K != V keeps its FUSED entry (a persistent grid of 2 CTAs per SM does not fit every
-K != V pair).
+Where K = V without QG, SQUARE (K itself a tile size: 64, 128) and SQUARE_PADDED (K = V padded to that tile size: 60,
+100, ...) override FUSED: there the persistent 4-warp configuration that issues the next tile's loads early is the
+fastest (B=2 T=8192 H=64, safe gate; H200 unless named): K = V = 128 0.848 ms against tile-w8's 0.949 (any gate
+0.990 against 1.032; 2026-12-05, TMA tree); K = V = 64 0.556 against the tile's 0.579; K = V = 60 0.670 against 0.687
+(2026-12-05); K = V = 100 (H100, 2026-12-05) 1.037 against tile-w8's 1.136. The two tables are apart because their
+sizes load differently (TMA boxes; cp.async pieces) and rank configurations differently (the early gate rows: -7% at
+K = 64, +3% at 60 and 100 on the H100). K != V keeps its FUSED entry (a persistent grid of 2 CTAs per SM does not fit
+every K != V pair).
 """
 
+# One entry changes without the others: {**_PERSISTENT_C2_HEAD_A1, "gate_rows": "early"}, say.
 _PERSISTENT_C2_HEAD_A1 = {"persistent": True, "ctas_per_sm": 2, "raster": "head", "loads_ahead": 1}
 
 FUSED = {(64, 128, False): {"warps": 8}, (64, 256, False): {"warps": 8}, (64, 256, True): None}
 SQUARE = {(64, 64, False): _PERSISTENT_C2_HEAD_A1, (64, 128, False): _PERSISTENT_C2_HEAD_A1}
+SQUARE_PADDED = {(64, 64, False): _PERSISTENT_C2_HEAD_A1, (64, 128, False): _PERSISTENT_C2_HEAD_A1}
+
+
+def untuned_fields(chunk: int, head_k: int, head_v: int, tile_head_k: int, output_qg: bool) -> dict | None:
+    """The FusedConfig fields of what `forward` runs for a spec without a tuning record ({}: the reference
+    configuration), or None for the standalone kernels. `tile_head_k`: the tile size K runs in
+    (`kdajit.keys.padded_head_dim`)."""
+    if head_k == head_v:
+        square = SQUARE if head_k == tile_head_k else SQUARE_PADDED
+        if (chunk, tile_head_k, output_qg) in square:
+            return dict(square[(chunk, tile_head_k, output_qg)])
+    fields = FUSED.get((chunk, tile_head_k, output_qg), {})
+    return None if fields is None else dict(fields)

@@ -1,6 +1,8 @@
 """Compile keys: every field matters, runtime shapes are never part of one, and invalid specs are refused."""
+import ast
 import dataclasses
 import os
+import pathlib
 
 import pytest
 
@@ -109,11 +111,18 @@ def test_head_dim_rule_and_padding():
     assert all(d <= p and p in keys.HEAD_DIMS for d, p in padded.items())
 
 
-def test_untuned_configs_are_declared_members_outside_the_fingerprint():
-    # The default choice changes no kernel's code: a new default must not turn every cached kernel into a miss, so
-    # its table lives outside the hashed sources; and each default must be a member of the declared space.
+def test_untuned_defaults_live_outside_the_fingerprint_and_are_declared_members(monkeypatch):
+    # A default changes no kernel's code: a new one must not turn every cached kernel into a miss, so the tables live
+    # outside the hashed sources, in a module that imports nothing, and the spec reads them there at call time.
     hashed = {os.path.basename(f) for f in compiler.template_files()}
     assert "keys.py" in hashed and "untuned_configs.py" not in hashed
-    tables = list(keys.UNTUNED_FUSED_CONFIGS.values()) + list(keys.UNTUNED_SQUARE_CONFIGS.values())
-    assert len(tables) == len(untuned_configs.FUSED) + len(untuned_configs.SQUARE)
-    assert all(c is None or c in keys.FUSED_CONFIG_SPACE for c in tables), tables
+    tree = ast.parse(pathlib.Path(untuned_configs.__file__).read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    tables = (untuned_configs.FUSED, untuned_configs.SQUARE, untuned_configs.SQUARE_PADDED)
+    assert all(f is None or FusedConfig(**f) in keys.FUSED_CONFIG_SPACE for t in tables for f in t.values())
+    early = FusedConfig(True, 2, "head", 1, gate_rows="early")
+    padded = dataclasses.replace(SPEC, head_k=100, head_v=100)
+    before = padded.untuned_fused_config
+    monkeypatch.setitem(untuned_configs.SQUARE, (64, 128, False), dataclasses.asdict(early))
+    assert SPEC.untuned_fused_config == early and SPEC.fused_key(early) in SPEC.kernel_keys()
+    assert padded.untuned_fused_config == before  # a padded size has its own entry (it loads by cp.async)
