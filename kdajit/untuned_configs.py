@@ -38,12 +38,11 @@ SQUARE_PADDED = {(64, 64, False): _PERSISTENT_C2_HEAD_A1, (64, 128, False): _PER
 
 
 def untuned_fields(chunk: int, head_k: int, head_v: int, tile_head_k: int, output_qg: bool) -> dict | None:
-    """The FusedConfig fields of what `forward` runs for a spec without a tuning record ({}: the reference
-    configuration), or None for the standalone kernels. `tile_head_k`: the tile size K runs in
+    """The FusedConfig fields (the table's own dict: read it, do not change it) of what `forward` runs for a spec
+    without a tuning record ({}: the reference configuration), or None for the standalone kernels. `tile_head_k`: the tile size K runs in
     (`kdajit.keys.padded_head_dim`)."""
     if head_k == head_v:
         square = SQUARE if head_k == tile_head_k else SQUARE_PADDED
         if (chunk, tile_head_k, output_qg) in square:
-            return dict(square[(chunk, tile_head_k, output_qg)])
-    fields = FUSED.get((chunk, tile_head_k, output_qg), {})
-    return None if fields is None else dict(fields)
+            return square[(chunk, tile_head_k, output_qg)]
+    return FUSED.get((chunk, tile_head_k, output_qg), {})
