@@ -11,6 +11,7 @@ nothing), so templates, the cache and the API can all use it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 from typing import ClassVar
@@ -229,8 +230,9 @@ class AkkInverseKey(_KernelKey):
 
 
 @dataclass(frozen=True)
-class _SpecKey(_KernelKey):
-    """The fields of a kernel that depends on every part of the specialization (recompute, fused)."""
+class _Specialization:
+    """The fields of a specialization that every kernel of it but intra and the inverse depends on, in key order:
+    the user-level `ForwardSpec` and the keys of the recompute and fused kernels."""
 
     beta_dtype: str
     varlen: str
@@ -239,6 +241,11 @@ class _SpecKey(_KernelKey):
     chunk: int
     output_qg: bool
     arch: str
+
+
+@dataclass(frozen=True)
+class _SpecKey(_KernelKey, _Specialization):
+    """The key of a kernel that depends on every part of the specialization (recompute, fused)."""
 
 
 @dataclass(frozen=True)
@@ -290,7 +297,7 @@ def key_from_json(d: dict) -> _KernelKey:
 
 
 @dataclass(frozen=True)
-class ForwardSpec:
+class ForwardSpec(_Specialization):
     """One user-level specialization of the forward intra stage.
 
     `safe_gate`: True for the fast path that assumes KDA's lower-bound gate (every per-token log-gate >= -5);
@@ -299,13 +306,6 @@ class ForwardSpec:
     different bits; each is exact in its own order.
     """
 
-    beta_dtype: str
-    varlen: str
-    head_k: int
-    head_v: int
-    chunk: int
-    output_qg: bool
-    arch: str
     io_dtype: str = "bf16"
     safe_gate: bool = True
 
@@ -343,11 +343,11 @@ class ForwardSpec:
         unless `untuned_fused_config` is None)."""
         return self.arch in FUSED_ARCHS
 
-    @property
+    @functools.cached_property
     def untuned_fused_config(self) -> FusedConfig | None:
         """The fused configuration `kdajit.forward` runs for this spec without a tuning record, or None where it
         runs the standalone kernels: `kdajit.untuned_configs`, outside the toolchain fingerprint (a default changes
-        no kernel's code)."""
+        no kernel's code). Computed once per spec: `forward` asks on every call."""
         fields = untuned_configs.untuned_fields(self.chunk, self.head_k, self.head_v, padded_head_dim(self.head_k),
                                                 self.output_qg)
         return None if fields is None else FusedConfig(**fields)

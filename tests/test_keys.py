@@ -113,7 +113,7 @@ def test_head_dim_rule_and_padding():
 
 def test_untuned_defaults_live_outside_the_fingerprint_and_are_declared_members(monkeypatch):
     # A default changes no kernel's code: a new one must not turn every cached kernel into a miss, so the tables live
-    # outside the hashed sources, in a module that imports nothing, and the spec reads them there at call time.
+    # outside the hashed sources, in a module that imports nothing, and a spec reads them there on first use.
     hashed = {os.path.basename(f) for f in compiler.template_files()}
     assert "keys.py" in hashed and "untuned_configs.py" not in hashed
     tree = ast.parse(pathlib.Path(untuned_configs.__file__).read_text())
@@ -121,8 +121,8 @@ def test_untuned_defaults_live_outside_the_fingerprint_and_are_declared_members(
     tables = (untuned_configs.FUSED, untuned_configs.SQUARE, untuned_configs.SQUARE_PADDED)
     assert all(f is None or FusedConfig(**f) in keys.FUSED_CONFIG_SPACE for t in tables for f in t.values())
     early = FusedConfig(True, 2, "head", 1, gate_rows="early")
-    padded = dataclasses.replace(SPEC, head_k=100, head_v=100)
-    before = padded.untuned_fused_config
+    before = dataclasses.replace(SPEC, head_k=100, head_v=100).untuned_fused_config
     monkeypatch.setitem(untuned_configs.SQUARE, (64, 128, False), dataclasses.asdict(early))
-    assert SPEC.untuned_fused_config == early and SPEC.fused_key(early) in SPEC.kernel_keys()
+    spec, padded = dataclasses.replace(SPEC), dataclasses.replace(SPEC, head_k=100, head_v=100)  # new: nothing cached
+    assert spec.untuned_fused_config == early and spec.fused_key(early) in spec.kernel_keys()
     assert padded.untuned_fused_config == before  # a padded size has its own entry (it loads by cp.async)
