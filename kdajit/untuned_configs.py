@@ -25,7 +25,9 @@ fastest (B=2 T=8192 H=64, safe gate; H200 unless named): K = V = 128 0.848 ms ag
 0.990 against 1.032; 2026-12-05, TMA tree); K = V = 64 0.556 against the tile's 0.579; K = V = 60 0.670 against 0.687
 (2026-12-05); K = V = 100 (H100, 2026-12-05) 1.037 against tile-w8's 1.136. The two tables are apart because their
 sizes load differently (TMA boxes; cp.async pieces) and rank configurations differently (the early gate rows: -7% at
-K = 64, +3% at 60 and 100 on the H100). K != V keeps its FUSED entry (a persistent grid of 2 CTAs per SM does not fit
+K = 64, +3% at 60 and 100 on the H100). At K = V = 64 the gate rows also go early (gate_rows="early"): 0.540 ms
+against 0.579, twice (H100, 2026-12-06; not yet timed on an H200); at K = V = 128 they do not: 0.950 against 0.925
+(H100, 2026-12-06). K != V keeps its FUSED entry (a persistent grid of 2 CTAs per SM does not fit
 every K != V pair).
 """
 
@@ -33,7 +35,8 @@ every K != V pair).
 _PERSISTENT_C2_HEAD_A1 = {"persistent": True, "ctas_per_sm": 2, "raster": "head", "loads_ahead": 1}
 
 FUSED = {(64, 128, False): {"warps": 8}, (64, 256, False): {"warps": 8}, (64, 256, True): None}
-SQUARE = {(64, 64, False): _PERSISTENT_C2_HEAD_A1, (64, 128, False): _PERSISTENT_C2_HEAD_A1}
+SQUARE = {(64, 64, False): {**_PERSISTENT_C2_HEAD_A1, "gate_rows": "early"},
+          (64, 128, False): _PERSISTENT_C2_HEAD_A1}
 SQUARE_PADDED = {(64, 64, False): _PERSISTENT_C2_HEAD_A1, (64, 128, False): _PERSISTENT_C2_HEAD_A1}
 
 

@@ -494,10 +494,12 @@ def test_forward_falls_back_to_the_reference_when_its_configuration_is_not_cache
 
 def test_untuned_configuration_is_what_measured_fastest_per_size():
     persistent_early, w8 = FusedConfig(True, 2, "head", 1), FusedConfig(warps=8)
+    early_gate_rows = FusedConfig(True, 2, "head", 1, gate_rows="early")
     assert UNTUNED == persistent_early and UNTUNED in FUSED_CONFIG_SPACE and w8 in FUSED_CONFIG_SPACE
     assert SPEC.fused_key(UNTUNED) in SPEC.kernel_keys() and SPEC.fused_key(REF) in SPEC.kernel_keys()
     k64, k256 = (dataclasses.replace(SPEC, head_k=n, head_v=n) for n in (64, 256))
-    expected = {VARLEN_SPEC: REF, k64: persistent_early, dataclasses.replace(k64, output_qg=True): REF,
+    expected = {VARLEN_SPEC: REF, k64: early_gate_rows, dataclasses.replace(k64, output_qg=True): REF,
+                dataclasses.replace(k64, varlen="cu32", safe_gate=False): early_gate_rows,  # K = V = 64: any mode
                 dataclasses.replace(SPEC, safe_gate=False): persistent_early,  # K = V = 128: one TMA box per tile
                 dataclasses.replace(SPEC, io_dtype="fp16", beta_dtype="fp16", varlen="cu64"): persistent_early,
                 dataclasses.replace(SPEC, head_v=256): w8,  # K != V: two persistent CTAs per SM do not fit
