@@ -27,11 +27,11 @@ fastest (B=2 T=8192 H=64, safe gate; H200 unless named): K = V = 128 0.848 ms ag
 sizes load differently (TMA boxes; cp.async pieces) and rank configurations differently (the early gate rows: -7% at
 K = 64, +3% at 60 and 100 on the H100). At K = V = 64 the gate rows also go early (gate_rows="early"): 0.540 ms
 against 0.579, twice (H100, 2026-12-06; not yet timed on an H200); at K = V = 128 they do not: 0.950 against 0.925
-(H100, 2026-12-06). K != V keeps its FUSED entry (a persistent grid of 2 CTAs per SM does not fit
-every K != V pair).
+(H100, 2026-12-06). K != V keeps its FUSED entry (a persistent grid of 2 CTAs per SM does not fit every K != V
+pair).
 """
 
-# One entry changes without the others: {**_PERSISTENT_C2_HEAD_A1, "gate_rows": "early"}, say.
+# Entries share this dict (untuned_fields hands it out unchanged); an entry that differs is a dict of its own, as K = 64's.
 _PERSISTENT_C2_HEAD_A1 = {"persistent": True, "ctas_per_sm": 2, "raster": "head", "loads_ahead": 1}
 
 FUSED = {(64, 128, False): {"warps": 8}, (64, 256, False): {"warps": 8}, (64, 256, True): None}
@@ -42,8 +42,8 @@ SQUARE_PADDED = {(64, 64, False): _PERSISTENT_C2_HEAD_A1, (64, 128, False): _PER
 
 def untuned_fields(chunk: int, head_k: int, head_v: int, tile_head_k: int, output_qg: bool) -> dict | None:
     """The FusedConfig fields (the table's own dict: read it, do not change it) of what `forward` runs for a spec
-    without a tuning record ({}: the reference configuration), or None for the standalone kernels. `tile_head_k`: the tile size K runs in
-    (`kdajit.keys.padded_head_dim`)."""
+    without a tuning record ({}: the reference configuration), or None for the standalone kernels. `tile_head_k`:
+    the tile size K runs in (`kdajit.keys.padded_head_dim`)."""
     if head_k == head_v:
         square = SQUARE if head_k == tile_head_k else SQUARE_PADDED
         if (chunk, tile_head_k, output_qg) in square:
