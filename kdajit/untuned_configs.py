@@ -31,7 +31,7 @@ against 0.579, twice (H100, 2026-12-06; not yet timed on an H200); at K = V = 12
 pair).
 """
 
-# Entries share this dict (untuned_fields hands it out unchanged); an entry that differs is a dict of its own, as K = 64's.
+# Entries share this dict (untuned_fields hands it out unchanged); one that differs is a dict of its own (K = 64's).
 _PERSISTENT_C2_HEAD_A1 = {"persistent": True, "ctas_per_sm": 2, "raster": "head", "loads_ahead": 1}
 
 FUSED = {(64, 128, False): {"warps": 8}, (64, 256, False): {"warps": 8}, (64, 256, True): None}
