@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warp
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
@@ -124,6 +125,13 @@ def sync_group(group=None):
         cute.arch.sync_threads()
     else:
         cute.arch.barrier(barrier_id=group[0], number_of_threads=group[1])
+
+
+def ptx_asm(result_type, operands: list, text: str, constraints: str, *, loc=None, ip=None):
+    """One inline PTX block that the compiler keeps where it stands (side effects): `operands` are MLIR values
+    (`.ir_value()`), `result_type` None for none. The one call every template's asm helper makes."""
+    return llvm.inline_asm(result_type, operands, text, constraints, has_side_effects=True, is_align_stack=False,
+                           asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
 
 def make_struct(name: str, fields: list):

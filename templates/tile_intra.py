@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import dsl_user_op
 
 from kdajit.keys import padded_head_dim
-from kdajit.templates.common import IO_TYPES, RN, chunk_rows, global_vec, qk_head, tf32, tf32x3_gemm
+from kdajit.templates.common import IO_TYPES, RN, chunk_rows, global_vec, ptx_asm, qk_head, tf32, tf32x3_gemm
 
 SUB = 16        # rows of one sub-block (the MMA M)
 MMA_K = 8       # head-dim step of one mma.sync m16n8k8
@@ -156,15 +155,12 @@ def cp_async_zero_fill(dst: cute.Pointer, src: cute.Pointer, piece_bytes: int, s
     the first `src_bytes` and writes zeros to the rest (`src_bytes` 0: nothing is read, and `src` may point anywhere;
     PTX's src-size operand). The copy joins this thread's next commit group."""
     cache = "cg" if piece_bytes == 16 else "ca"
-    llvm.inline_asm(
+    ptx_asm(
         None,
         [dst.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), src.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
          cutlass.Int32(src_bytes).ir_value(loc=loc, ip=ip)],
         f"cp.async.{cache}.shared.global [$0], [$1], {piece_bytes}, $2;",
         "r,l,r,~{memory}",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
         loc=loc,
         ip=ip,
     )

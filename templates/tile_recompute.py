@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warp
+from cutlass.cutlass_dsl import dsl_user_op
 
 from kdajit.keys import HEAD_DIMS
-from kdajit.templates.common import global_vec, row_piece, sync_group
+from kdajit.templates.common import global_vec, ptx_asm, row_piece, sync_group
 
 VEC = 8  # columns per thread access: 16 bytes of bf16 / fp16 (two 16-byte loads for the fp32 gate)
 NUM_WARPS = 4
@@ -94,31 +96,83 @@ def store_vec_if(rVec: cute.Tensor, gVec: cute.Tensor, pred: cutlass.Boolean):
 @cute.jit
 def store_row_vec_if(rVec: cute.Tensor, dRow: cute.Tensor, col_tile: cutlass.Int32, pred: cutlass.Boolean):
     """Store rVec (8 16-bit values) to columns 8 col_tile .. +7 of the global row dRow when `pred` holds: one
-    16-byte store where the row has a HEAD_DIMS length; else `global_vec` pieces, each also predicated on lying
-    inside the row (a padded head size: the tile's last columns are padding)."""
+    16-byte store where the row has a HEAD_DIMS length; else one 16-byte store where `wide_vec` allows it (8-byte
+    pieces: K = 60, 100) and `global_vec` pieces otherwise, each also predicated on lying inside the row (a padded
+    head size: the tile's last columns are padding). The same values either way."""
     cols = cute.size(dRow)
     if cutlass.const_expr(cols in HEAD_DIMS):
         store_vec_if(rVec, cute.local_tile(dRow, (VEC,), (col_tile,)), pred)
     else:
         piece = global_vec(dRow.element_type, cols)  # 4 or 8 values: head sizes are multiples of 4
+        narrow = pred
+        if cutlass.const_expr(splits_vec(dRow.element_type, cols)):
+            wide = wide_vec(dRow, col_tile)
+            # The pointer claims 8-byte alignment only: a 16-byte claim would let the compiler fold wide_vec's test.
+            store_vec_if(rVec, row_piece(dRow, col_tile * VEC, piece), pred & wide)
+            narrow = pred & (wide == cutlass.Boolean(False))
         # A piece that starts past the row's end in every column tile (K = 4: columns 4-7) is left out: its
         # predicate would fold to a constant, which an inline PTX guard cannot take.
         for s in cutlass.range_constexpr(min(VEC, cols) // piece):
             col = col_tile * VEC + s * piece
-            store_vec_if(cute.local_tile(rVec, (piece,), (s,)), row_piece(dRow, col, piece), pred & (col < cols))
+            store_vec_if(cute.local_tile(rVec, (piece,), (s,)), row_piece(dRow, col, piece), narrow & (col < cols))
+
+
+def splits_vec(dtype, cols: int) -> bool:
+    """Whether a row of `cols` values of `dtype` moves in 8-byte `global_vec` pieces (K = 60, 100), so that a row vector
+    may take one 16-byte access instead of two where `wide_vec` holds. Rows under VEC columns (K = 4) keep the pieces:
+    there `wide_vec` would fold to a constant, which a predicated asm guard cannot take."""
+    return global_vec(dtype, cols) * 2 == VEC <= cols
+
+
+def wide_vec(dRow: cute.Tensor, col_tile: cutlass.Int32) -> cutlass.Boolean:
+    """Whether columns VEC col_tile .. +VEC-1 of the global row dRow (8-byte pieces: K = 60, 100) lie inside the row
+    and start 16-byte aligned, so that one 16-byte access can move them: a whole tile's rows at once where the row
+    stride is a 16-byte multiple (an even head at an even H), every other row at an odd H."""
+    col0 = col_tile * VEC
+    start = row_piece(dRow, col0, VEC // 2).iterator.toint()
+    return (col0 + VEC <= cute.size(dRow)) & ((start & cutlass.Int64(15)) == cutlass.Int64(0))
+
+
+@dsl_user_op
+def load_vec_or_halves(lo_ptr: cute.Pointer, hi_ptr: cute.Pointer, wide: cutlass.Boolean, *, loc=None,
+                       ip=None) -> list:
+    """Four 32-bit words by invariant loads: 16 bytes from `lo_ptr` when `wide`, else 8 bytes from each of `lo_ptr`
+    and `hi_ptr` (predicated in one asm block, so the 16-byte load may name an unaligned pointer when not taken). The
+    pointers claim 8-byte alignment only: a 16-byte claim would let the compiler fold `wide_vec`'s test."""
+    i32 = cutlass.Int32.mlir_type
+    result = ptx_asm(
+        llvm.StructType.get_literal([i32] * 4),
+        [p.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip) for p in (lo_ptr, hi_ptr)]
+        + [cutlass.Int32(wide).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .pred p;\n\t.reg .b32 w;\n\tmov.b32 w, $6;\n\tsetp.ne.b32 p, w, 0;\n\t"
+        "@p ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];\n\t"
+        "@!p ld.global.nc.v2.b32 {$0, $1}, [$4];\n\t"
+        "@!p ld.global.nc.v2.b32 {$2, $3}, [$5];\n\t}",
+        "=r,=r,=r,=r,l,l,r",
+        loc=loc,
+        ip=ip,
+    )
+    return [cutlass.Int32(llvm.extractvalue(i32, result, [w], loc=loc, ip=ip)) for w in range(4)]
 
 
 @cute.jit
 def load_row_vec(dRow: cute.Tensor, col_tile: cutlass.Int32, rVec: cute.Tensor):
     """rVec (VEC values) <- columns VEC col_tile .. of the global row dRow, invariant (`ld.global.nc`) loads: 16 bytes
-    each where the row has a HEAD_DIMS length; else `global_vec` pieces, a piece past the row's end loaded from the
-    row's last piece instead (the load stays unconditional; those padding columns reach only outputs that are
-    never stored)."""
+    each where the row has a HEAD_DIMS length or `wide_vec` allows it; else `global_vec` pieces, a piece past the
+    row's end loaded from the row's last piece instead (the load stays unconditional; those padding columns reach
+    only outputs that are never stored)."""
     dtype = dRow.element_type
     cols = cute.size(dRow)
     if cutlass.const_expr(cols in HEAD_DIMS):
         atom = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), dtype, num_bits_per_copy=128, invariant=True)
         cute.copy(atom, cute.local_tile(dRow, (VEC,), (col_tile,)), rVec)
+    elif cutlass.const_expr(splits_vec(dtype, cols)):
+        col0 = col_tile * VEC
+        halves = [row_piece(dRow, min(col0 + s * VEC // 2, cols - VEC // 2), VEC // 2).iterator for s in range(2)]
+        words = load_vec_or_halves(halves[0], halves[1], wide_vec(dRow, col_tile))
+        rWords = cute.recast_tensor(rVec, cutlass.Int32)
+        for w in cutlass.range_constexpr(4):
+            rWords[w] = words[w]
     else:
         piece = global_vec(dtype, cols)
         atom = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), dtype, num_bits_per_copy=piece * dtype.width,
