@@ -118,10 +118,11 @@ def store_row_vec_if(rVec: cute.Tensor, dRow: cute.Tensor, col_tile: cutlass.Int
 
 
 def splits_vec(dtype, cols: int) -> bool:
-    """Whether a row of `cols` values of `dtype` moves in 8-byte `global_vec` pieces (K = 60, 100), so that a row vector
-    may take one 16-byte access instead of two where `wide_vec` holds. Rows under VEC columns (K = 4) keep the pieces:
-    there `wide_vec` would fold to a constant, which a predicated asm guard cannot take."""
-    return global_vec(dtype, cols) * 2 == VEC <= cols
+    """Whether a row of `cols` 16-bit values moves in 8-byte `global_vec` pieces (K = 60, 100), so that a row vector
+    may take one 16-byte access instead of two where `wide_vec` holds. The fp32 gate's row vector is 32 bytes (two
+    16-byte pieces already) and keeps them. Rows under VEC columns (K = 4) keep the pieces: there `wide_vec` would
+    fold to a constant, which a predicated asm guard cannot take."""
+    return dtype.width * VEC == 128 and global_vec(dtype, cols) * 2 == VEC <= cols
 
 
 def wide_vec(dRow: cute.Tensor, col_tile: cutlass.Int32) -> cutlass.Boolean:

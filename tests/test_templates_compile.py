@@ -182,3 +182,17 @@ def test_load_paths_by_head_size_and_arch():
         assert {k: load_path("sm_90a", io, k) for k in want} == want
         assert {load_path("sm_80", io, k) for k in want} == {"cp.async"}
         assert load_path("sm_100a", io, 128) == "tma"
+
+
+def test_row_vectors_take_one_wide_access_only_where_16_bit_rows_split():
+    """A row vector of 8 16-bit values takes one 16-byte access in place of two 8-byte pieces only at the padded
+    sizes that split it (K = 60, 100, 252); the fp32 gate's 32-byte row vector keeps its two 16-byte pieces (one
+    16-byte access there would leave half the vector unloaded), and so do the unpadded sizes and K = 4."""
+    import cutlass
+
+    from kdajit.templates.tile_recompute import splits_vec
+
+    sizes = (4, 60, 64, 96, 100, 128, 252, 256)
+    for io in (cutlass.BFloat16, cutlass.Float16):
+        assert {k for k in sizes if splits_vec(io, k)} == {60, 100, 252}
+    assert not any(splits_vec(cutlass.Float32, k) for k in sizes)
