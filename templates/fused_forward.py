@@ -43,29 +43,30 @@ at head h // (HV / H), as in the standalone kernels.
 Shared memory (`fused_smem_struct`, K = V = 128, chunk 64): work region 29,696 B (L fp32 17 KiB with its
 row pad, X00 fp32 4 KiB, Akk 8 KiB; after the inverse the same bytes hold the swizzled Akk A tile 8 KiB and
 Kp 16 KiB), Vp 16,384 B, q and k 17,408 B each, g 33,792 B, beta 256 B, the loads' mbarrier 8 B: 114,952 B,
-115,712 B with the struct's 1 KiB end alignment; two CTAs fit an SM (2 x (115,712 + 1,024 reserved) = 233,472 B, not a byte to
-spare: X00 is swizzled rather than padded for that reason).
+115,712 B with the struct's 1 KiB end alignment; two CTAs fit an SM (2 x (115,712 + 1,024 reserved) = 233,472 B,
+not a byte to spare: X00 is swizzled rather than padded for that reason).
 
-Scheduling (`FusedConfig`): one tile per CTA on the standalone grid (templates/common.py), or
-persistent CTAs walking tile indices with a static stride (tile = blockIdx.x, += gridDim.x), each
-index mapped to (chunk, head, batch) in the configured raster order and then to rows as the standalone kernels
-map them (`chunk_coords`; varlen with 4 warps: `walk_coords`, which searches cu_seqlens only when a tile leaves the
-sequence of the CTA's previous tile). With loads_ahead=0 each warp issues the next tile's loads (its rows; with TMA loads warp 0 all
-of them) once it has issued its own W/U stores of the current tile (the q, k, g buffers were last read before
-the barrier that follows the gate rows), then waits for them. With loads_ahead=1 the next tile's loads are issued into
-buffers as soon as the current tile has finished reading them: q right after the intra phase (when
-QG is off; with QG, gate_row still reads q), k, g, v (registers) and beta (a register, written to
-shared memory once the tile's loads have landed) right after the gate rows, so they stream in
-while W and U are multiplied and stored (`FusedConfig.gate_rows` "early", without QG: the gate rows right after
-the intra phase, Kp in registers until the inverse frees its buffer, and every load of the next tile before the
-inverse). No buffer is added: a K = 256 tile that leaves no room for a second stage still works, it only overlaps
-less.
+Scheduling (`FusedConfig`): one tile per CTA on the standalone grid (templates/common.py), or persistent CTAs walking
+tile indices with a static stride (tile = blockIdx.x, += gridDim.x), each index mapped to (chunk, head, batch) in the
+configured raster order and then to rows as the standalone kernels map them (`chunk_coords`; varlen with 4 warps:
+`walk_coords`, which searches cu_seqlens only when a tile leaves the sequence of the CTA's previous tile). With
+loads_ahead=0 each warp issues the next tile's loads (its rows; with TMA loads warp 0 all of them) once it has issued
+its own W/U stores of the current tile (the q, k, g buffers were last read before the barrier that follows the gate
+rows), then waits for them. With loads_ahead=1 the next tile's loads are issued into buffers as soon as the current
+tile has finished reading them: q right after the intra phase (when QG is off; with QG, gate_row still reads q), k, g,
+v (registers) and beta (a register, written to shared memory once the tile's loads have landed) right after the gate
+rows, so they stream in while W and U are multiplied and stored (`FusedConfig.gate_rows` "early", without QG: the gate
+rows right after the intra phase, Kp in registers until the inverse frees its buffer, and every load of the next tile
+before the inverse). No buffer is added: a K = 256 tile that leaves no room for a second stage still works, it only
+overlaps less.
 Sizes are template parameters (chunk, head_k, head_v from the key); the device functions currently
 implement chunk 64 and 32 and K, V of keys.HEAD_DIMS sizes or padded ones (`can_implement`; K != V computes Vp
 in v's own rows and columns after the gate rows). A padded size (60, 100) runs the tile of
 `keys.padded_head_dim(K)` columns: q, k, g columns past K are +0 in shared memory (so every intra product and
 gate row sees exact zeros there), global rows are read and written in `global_vec` pieces (8 bytes for 16-bit
-rows at K = 60 or 100, 16 for the fp32 g rows) that stop at the row's end.
+rows at K = 60 or 100, 16 for the fp32 g rows) that stop at the row's end; a 16-bit row vector (v's loads, the
+W / U / KG / QG stores) that starts 16-byte aligned and ends inside the row takes one 16-byte access instead
+(`tile_recompute.wide_vec`).
 At K = V = 64 a CTA needs 74,752 B (three fit an SM); at 256, 208,896 B (one).
 """
 from __future__ import annotations

@@ -45,8 +45,8 @@ Memory: q, k (io) and g (fp32) of the chunk are read once into padded shared til
 fragment reads are bank-conflict free) by the same loads as the fused kernel's (`tile_intra.issue_tile_loads`, on
 the path of `tile_intra.loads_of`): on sm_90a / sm_100a one TMA box per tile at K = 64, 128 (`issue_tma_tiles`) or one
 cp.async.bulk per row at K = 256 (`issue_bulk_rows`), else with 16-byte cp.async; beta goes to a 64-entry fp32
-vector. Shared memory 68,992 bytes at K = 128 on sm_90a (with the bulk loads' mbarrier; 68,864 with cp.async). Output fragments are stored straight to global
-memory (Aqk 4-byte, L 8-byte vector stores).
+vector. Shared memory 68,992 bytes at K = 128 on sm_90a (with the bulk loads' mbarrier; 68,864 with cp.async).
+Output fragments are stored straight to global memory (Aqk 4-byte, L 8-byte vector stores).
 
 Code: the per-tile arithmetic (loads, block products, epilogue, block stores) is in
 templates/tile_intra.py, shared with the fused kernel; this file holds the standalone launch only.

@@ -35,7 +35,8 @@ the standalone launch and the global-memory loads.
 
 Constraints: K, V keys.HEAD_DIMS sizes or padded ones (60, 100: the shared tiles have `keys.padded_head_dim`
 columns; global rows are read and written in `global_vec` pieces, loads past a row's end clamped to its last
-piece, stores there predicated off; `load_row_vec`, `store_row_vec_if`) (K != V: Vp is staged after the gate
+piece, stores there predicated off, one 16-byte access where a 16-bit row vector starts 16-byte aligned inside the
+row; `load_row_vec`, `store_row_vec_if`) (K != V: Vp is staged after the gate
 rows, in v's own rows and columns, `stage_values`), chunk 64 or 32 (warps 0-1 multiply W while 2-3 multiply U),
 4 warps. Shared memory at K = V = 128: 40,960 bytes (Akk 8 KiB, Kp and Vp 16 KiB each; the W / U staging tiles reuse
 Kp / Vp). No atomics, fixed arithmetic order: a chunk gives the same bits in dense and varlen mode and in

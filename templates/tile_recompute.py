@@ -97,7 +97,7 @@ def store_vec_if(rVec: cute.Tensor, gVec: cute.Tensor, pred: cutlass.Boolean):
 def store_row_vec_if(rVec: cute.Tensor, dRow: cute.Tensor, col_tile: cutlass.Int32, pred: cutlass.Boolean):
     """Store rVec (8 16-bit values) to columns 8 col_tile .. +7 of the global row dRow when `pred` holds: one
     16-byte store where the row has a HEAD_DIMS length; else one 16-byte store where `wide_vec` allows it (8-byte
-    pieces: K = 60, 100) and `global_vec` pieces otherwise, each also predicated on lying inside the row (a padded
+    pieces: `splits_vec`) and `global_vec` pieces otherwise, each also predicated on lying inside the row (a padded
     head size: the tile's last columns are padding). The same values either way."""
     cols = cute.size(dRow)
     if cutlass.const_expr(cols in HEAD_DIMS):
@@ -118,15 +118,15 @@ def store_row_vec_if(rVec: cute.Tensor, dRow: cute.Tensor, col_tile: cutlass.Int
 
 
 def splits_vec(dtype, cols: int) -> bool:
-    """Whether a row of `cols` 16-bit values moves in 8-byte `global_vec` pieces (K = 60, 100), so that a row vector
-    may take one 16-byte access instead of two where `wide_vec` holds. The fp32 gate's row vector is 32 bytes (two
-    16-byte pieces already) and keeps them. Rows under VEC columns (K = 4) keep the pieces: there `wide_vec` would
-    fold to a constant, which a predicated asm guard cannot take."""
+    """Whether a row of `cols` 16-bit values moves in 8-byte `global_vec` pieces (K = 4 mod 8 from 12: 60, 100, 252),
+    so that a row vector may take one 16-byte access instead of two where `wide_vec` holds. The fp32 gate's row
+    vector is 32 bytes (two 16-byte pieces already) and keeps them. Rows under VEC columns (K = 4) keep the pieces:
+    there `wide_vec` would fold to a constant, which a predicated asm guard cannot take."""
     return dtype.width * VEC == 128 and global_vec(dtype, cols) * 2 == VEC <= cols
 
 
 def wide_vec(dRow: cute.Tensor, col_tile: cutlass.Int32) -> cutlass.Boolean:
-    """Whether columns VEC col_tile .. +VEC-1 of the global row dRow (8-byte pieces: K = 60, 100) lie inside the row
+    """Whether columns VEC col_tile .. +VEC-1 of the global row dRow (8-byte pieces: `splits_vec`) lie inside the row
     and start 16-byte aligned, so that one 16-byte access can move them: a whole tile's rows at once where the row
     stride is a 16-byte multiple (an even head at an even H), every other row at an odd H."""
     col0 = col_tile * VEC
