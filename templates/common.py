@@ -130,7 +130,7 @@ def sync_group(group=None):
 def ptx_asm(result_type, operands: list, text: str, constraints: str, *, loc=None, ip=None):
     """One inline PTX block that the compiler keeps where it stands (side effects): `operands` are MLIR values
     (`.ir_value()`), `result_type` None for none. The call the templates' `llvm.inline_asm` helpers share (the
-predicated stores use `cute.arch.inline_ptx`)."""
+    predicated stores use `cute.arch.inline_ptx`)."""
     return llvm.inline_asm(result_type, operands, text, constraints, has_side_effects=True, is_align_stack=False,
                            asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
 
