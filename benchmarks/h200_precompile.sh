@@ -5,6 +5,7 @@
 # fused-test specializations, and the fused_phases variants.
 #   bash benchmarks/h200_precompile.sh          (~17 min on 2 cores; the tarball is stale once templates change)
 #   COMPARE_BASE=<commit> bash benchmarks/h200_precompile.sh   (also that commit's kernels, for the compare stage)
+#   EXTRA_TREES="NAME=COMMIT[@BASE] ..." bash benchmarks/h200_precompile.sh   (experiments' objects, for the extra stage)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=.gpu-cache/cpu
@@ -53,6 +54,35 @@ if [[ -n "${COMPARE_BASE:-}" ]]; then
   done
   git worktree remove --force "$base_tree"
 fi
+# EXTRA_TREES="NAME=COMMIT[@BASE] ...": experiments from their own commits, for h200_session.sh extra (replacing
+# .gpu-cache/extra/NAME): the persistent a1 and a1-ge kernels' all and compute-only variants at K = V = 128, 64, 60 and
+# 100 (extra/NAME/phases-kvK) and, with @BASE (a commit whose bits NAME must keep), the whole a1, a1-ge and tile
+# kernels of both at K = 128 (dense and cu32), 64 and 100 (extra/NAME/compare/{main,NAME}: main is BASE's side)
+a1_words() { printf "persistent-c2-head-a1$1.%s " "${@:2}"; }
+for entry in ${EXTRA_TREES:-}; do
+  name=${entry%%=*} rest=${entry#*=}
+  commit=${rest%%@*} base=
+  [[ "$rest" == *@* ]] && base=${rest#*@}
+  rm -rf ".gpu-cache/extra/$name"
+  for side in "$name $commit" ${base:+"main $base"}; do
+    read -r label rev <<< "$side"
+    tree=$(mktemp -d) && git worktree add -f --detach "$tree" "$rev" >/dev/null
+    if [[ "$label" == "$name" ]]; then
+      for kv in 128 64 60 100; do
+        python benchmarks/other_tree.py "$tree" benchmarks/fused_phases.py --export ".gpu-cache/extra/$name/phases-kv$kv" \
+          --kv "$kv" --only $(a1_words "" all compute-only) $(a1_words -ge all compute-only)
+      done
+    fi
+    if [[ -n "$base" ]]; then
+      for set in 128-safe 128-safe-varlen 64-safe 100-safe; do
+        python benchmarks/other_tree.py "$tree" benchmarks/fused_phases.py \
+          --export ".gpu-cache/extra/$name/compare/$label/kv$set" --kv "${set%%-*}" \
+          $([[ "$set" == *-varlen ]] && echo --varlen) --only tile.all $(a1_words "" all) $(a1_words -ge all)
+      done
+    fi
+    git worktree remove --force "$tree"
+  done
+done
 precompile --io bf16 --kv 128                      # every reference kernel of bf16 K = V = 128, both gate paths
 # tests/test_gpu_coverage.py: fp16 and K = V = 64, 256 with beta in the io dtype, dense and cu32; QG on with the
 # reference and a persistent configuration, QG off with the reference and tile-w8 (also the coverage bench rows)
