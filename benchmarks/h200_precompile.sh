@@ -5,7 +5,7 @@
 # fused-test specializations, and the fused_phases variants.
 #   bash benchmarks/h200_precompile.sh          (~17 min on 2 cores; the tarball is stale once templates change)
 #   COMPARE_BASE=<commit> bash benchmarks/h200_precompile.sh   (also that commit's kernels, for the compare stage)
-#   EXTRA_TREES="NAME=COMMIT[@BASE] ..." bash benchmarks/h200_precompile.sh   (experiments' objects, for the extra stage)
+#   EXTRA_TREES="NAME=COMMIT[@BASE] ..." bash benchmarks/h200_precompile.sh   (experiments' objects: the extra stage)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=.gpu-cache/cpu
@@ -34,7 +34,8 @@ python benchmarks/fused_phases.py --export .gpu-cache/pany/head --gate any --onl
   tile-w8.compute-only tile.all
 # the padded head sizes' phase variants (h200_session.sh phasespad): K = 60 and 64 in the 4-warp tile, K = 100 in
 # tile-w8 (forward's configurations there until 0959a4a), and all three in persistent-c2-head-a1 (since then)
-phase_variants() { printf "$1.%s " loads loads+intra loads+intra+inverse all compute-only; }
+variant_words() { printf "$1.%s " "${@:2}"; }  # variant_words CONFIG VARIANT...: fused_phases --only words
+phase_variants() { variant_words "$1" loads loads+intra loads+intra+inverse all compute-only; }
 a1=persistent-c2-head-a1
 python benchmarks/fused_phases.py --export .gpu-cache/pad/k60 --kv 60 --only $(phase_variants tile) $(phase_variants $a1)
 python benchmarks/fused_phases.py --export .gpu-cache/pad/k64 --kv 64 --only $(phase_variants tile) $(phase_variants $a1)
@@ -58,7 +59,6 @@ fi
 # .gpu-cache/extra/NAME): the persistent a1 and a1-ge kernels' all and compute-only variants at K = V = 128, 64, 60 and
 # 100 (extra/NAME/phases-kvK) and, with @BASE (a commit whose bits NAME must keep), the whole a1, a1-ge and tile
 # kernels of both at K = 128 (dense and cu32), 64 and 100 (extra/NAME/compare/{main,NAME}: main is BASE's side)
-a1_words() { printf "persistent-c2-head-a1$1.%s " "${@:2}"; }
 for entry in ${EXTRA_TREES:-}; do
   name=${entry%%=*} rest=${entry#*=}
   commit=${rest%%@*} base=
@@ -69,15 +69,17 @@ for entry in ${EXTRA_TREES:-}; do
     tree=$(mktemp -d) && git worktree add -f --detach "$tree" "$rev" >/dev/null
     if [[ "$label" == "$name" ]]; then
       for kv in 128 64 60 100; do
-        python benchmarks/other_tree.py "$tree" benchmarks/fused_phases.py --export ".gpu-cache/extra/$name/phases-kv$kv" \
-          --kv "$kv" --only $(a1_words "" all compute-only) $(a1_words -ge all compute-only)
+        python benchmarks/other_tree.py "$tree" benchmarks/fused_phases.py \
+          --export ".gpu-cache/extra/$name/phases-kv$kv" --kv "$kv" \
+          --only $(variant_words $a1 all compute-only) $(variant_words $a1-ge all compute-only)
       done
     fi
     if [[ -n "$base" ]]; then
       for set in 128-safe 128-safe-varlen 64-safe 100-safe; do
         python benchmarks/other_tree.py "$tree" benchmarks/fused_phases.py \
           --export ".gpu-cache/extra/$name/compare/$label/kv$set" --kv "${set%%-*}" \
-          $([[ "$set" == *-varlen ]] && echo --varlen) --only tile.all $(a1_words "" all) $(a1_words -ge all)
+          $([[ "$set" == *-varlen ]] && echo --varlen) \
+          --only tile.all $(variant_words $a1 all) $(variant_words $a1-ge all)
       done
     fi
     git worktree remove --force "$tree"
