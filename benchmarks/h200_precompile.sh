@@ -43,17 +43,22 @@ python benchmarks/fused_phases.py --export .gpu-cache/pad/k100 --kv 100 --only $
   $(phase_variants $a1)
 # COMPARE_BASE=<commit>: that commit's whole fused kernels beside this tree's (h200_session.sh compare), for a change
 # meant to keep the bits whose PTX differs; COMPARE_SETS lists the sets K-GATE (both 4- and 8-warp tiles each)
+# Other commits' trees (COMPARE_BASE, EXTRA_TREES): `checkout_tree REV` sets $tree to a worktree of REV, removed when
+# the script exits, also when an export fails; `tree_export TREE DIR ARGS...` is fused_phases --export DIR ARGS with
+# TREE's kdajit (other_tree.py).
+trees=()
+trap 'for t in "${trees[@]}"; do git worktree remove --force "$t"; done' EXIT
+checkout_tree() { tree=$(mktemp -d); git worktree add -f --detach "$tree" "$1" >/dev/null; trees+=("$tree"); }
+tree_export() { python benchmarks/other_tree.py "$1" benchmarks/fused_phases.py --export "$2" "${@:3}"; }
 if [[ -n "${COMPARE_BASE:-}" ]]; then
-  base_tree=$(mktemp -d) && git worktree add -f --detach "$base_tree" "$COMPARE_BASE" >/dev/null
+  checkout_tree "$COMPARE_BASE"
   for kv_gate in ${COMPARE_SETS:-128-safe 128-any 100-safe 100-any 60-safe}; do
-    for tree in "base $base_tree" "head ."; do
-      read -r side path <<< "$tree"
-      python benchmarks/other_tree.py "$path" benchmarks/fused_phases.py \
-        --export ".gpu-cache/compare/$side/kv$kv_gate" --kv "${kv_gate%-*}" --gate "${kv_gate#*-}" \
+    for side_path in "base $tree" "head ."; do
+      read -r side path <<< "$side_path"
+      tree_export "$path" ".gpu-cache/compare/$side/kv$kv_gate" --kv "${kv_gate%-*}" --gate "${kv_gate#*-}" \
         --only tile.all tile-w8.all
     done
   done
-  git worktree remove --force "$base_tree"
 fi
 # EXTRA_TREES="NAME=COMMIT[@BASE] ...": experiments from their own commits, for h200_session.sh extra (replacing
 # .gpu-cache/extra/NAME): the persistent a1 and a1-ge kernels' all and compute-only variants at K = V = 128, 64, 60 and
@@ -66,23 +71,20 @@ for entry in ${EXTRA_TREES:-}; do
   rm -rf ".gpu-cache/extra/$name"
   for side in "$name $commit" ${base:+"main $base"}; do
     read -r label rev <<< "$side"
-    tree=$(mktemp -d) && git worktree add -f --detach "$tree" "$rev" >/dev/null
+    checkout_tree "$rev"
     if [[ "$label" == "$name" ]]; then
       for kv in 128 64 60 100; do
-        python benchmarks/other_tree.py "$tree" benchmarks/fused_phases.py \
-          --export ".gpu-cache/extra/$name/phases-kv$kv" --kv "$kv" \
+        tree_export "$tree" ".gpu-cache/extra/$name/phases-kv$kv" --kv "$kv" \
           --only $(variant_words $a1 all compute-only) $(variant_words $a1-ge all compute-only)
       done
     fi
     if [[ -n "$base" ]]; then
       for set in 128-safe 128-safe-varlen 64-safe 100-safe; do
-        python benchmarks/other_tree.py "$tree" benchmarks/fused_phases.py \
-          --export ".gpu-cache/extra/$name/compare/$label/kv$set" --kv "${set%%-*}" \
+        tree_export "$tree" ".gpu-cache/extra/$name/compare/$label/kv$set" --kv "${set%%-*}" \
           $([[ "$set" == *-varlen ]] && echo --varlen) \
           --only tile.all $(variant_words $a1 all) $(variant_words $a1-ge all)
       done
     fi
-    git worktree remove --force "$tree"
   done
 done
 precompile --io bf16 --kv 128                      # every reference kernel of bf16 K = V = 128, both gate paths
