@@ -33,12 +33,13 @@ Arithmetic order (fixes the bits; see docs/numerics.md):
     RN to the io dtype (Aqk) or stored as fp32 (L).
 
 Warp roles: 4 warps, all loaders, then each warp owns fixed row-block groups (a group shares one
-A-side operand, so its exp2 is computed once for all its column blocks). Safe gate: one whole row block per warp,
-the diagonal block last (and the zero blocks right of it):
-    warp 0: a=3, b = 0, 1, 2, 3
-    warp 1: a=2, b = 0, 1, 2
-    warp 2: a=1, b = 0, 1
-    warp 3: a=0, b = 0
+A-side operand, so its exp2 is computed once for all its column blocks). Safe gate: a row block's diagonal block
+shares its A side (and comes last in its group, with the zero blocks right of it); row block 3 is split over two
+warps so that no warp has more than A + 3 B sides of work per head-dim step (`tile_intra.WARP_GROUPS`):
+    warp 0: a=3, b = 0, 1, 2
+    warp 1: a=3, b = 3;  a=0, b = 0
+    warp 2: a=2, b = 0, 1, 2
+    warp 3: a=1, b = 0, 1
 Any gate (`tile_intra.WARP_GROUPS_EXACT`): the diagonal blocks, with their own shifted reference, apart from the
 off-diagonal groups, one per warp.
 A group whose row block has no valid row (16a >= v) is skipped. Gated operands are computed

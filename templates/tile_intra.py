@@ -44,12 +44,16 @@ DIAG_SHIFT = 54.0
 FAST_SPREAD = 150.0
 
 # (row block a, diagonal?, column blocks b) per warp; see templates/intra.py. A diagonal group's last column block is
-# a itself (masked, and the zero blocks right of it stored); its other blocks share the A side.
+# a itself (masked, and the zero blocks right of it stored); its other blocks share the A side. Balanced by each
+# warp's work per head-dim step (A side ~24 instructions per lane, B side ~16, 4 mma.sync per block): row block 3 is
+# split over warps 0 and 1 (its A side computed twice), so the busiest warp has A + 3 B or 2 A + 2 B (~84-88)
+# instead of row block 3's A + 4 B (~104). Warp w of both CTAs on an SM shares one SM sub-partition, so the busiest
+# warp also bounds the intra phase's throughput there.
 WARP_GROUPS = (
-    ((3, True, (0, 1, 2, 3)),),
+    ((3, False, (0, 1, 2)),),
+    ((3, True, (3,)), (0, True, (0,))),
     ((2, True, (0, 1, 2)),),
     ((1, True, (0, 1)),),
-    ((0, True, (0,)),),
 )
 NUM_WARPS = len(WARP_GROUPS)
 # The same blocks over 8 warps (the fused kernel's 8-warp configurations). A block's bits do not depend
