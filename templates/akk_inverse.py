@@ -15,9 +15,9 @@ Arithmetic order (this fixes the bits; docs/numerics.md repeats it). X = Akk in 
 2. Doubling merges, S = 16 then 32: for each pair of inverted S-row diagonal blocks, rows a..a+S-1 and
    u = a+S..a+2S-1,
        T = L[u, a] X[a, a],   X[u, a] = -(X[u, u] T),  a zero as +0.0,
-   each product by 16 x 8 output tiles (`tile_inverse.tf32x3_product`): 3xTF32 on the tensor cores,
-   per k-step of 8 (ascending) three `mma.sync m16n8k8` into one fp32 accumulator from +0, A_lo B_hi,
-   A_hi B_lo, A_hi B_hi, where x_hi is x's TF32 bits and x_lo = x - x_hi (exact). T's column tile n
+   each product by 16 x 8 output tiles (`tile_inverse.tf32_product`): on the tensor cores, per k-step of 8
+   (ascending) one `mma.sync m16n8k8 tf32` into one fp32 accumulator from +0, on operands rounded to TF32
+   by `cvt.rna.tf32.f32` (to nearest, ties away from zero). T's column tile n
    sums the k-steps n .. S/8 - 1 (the steps before lie above X[a, a]'s diagonal: all +0 terms); X[u, a]'s
    row tile m (rows 16m ..) the k-steps 0 .. 2m + 1 (the later ones lie above X[u, u]'s diagonal).
    X[a.., a..] and X[u.., u..] are the unrounded fp32 results of the earlier steps.

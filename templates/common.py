@@ -50,6 +50,15 @@ def tf32_split(rX: cute.Tensor, rHi: cute.Tensor, rLo: cute.Tensor):
     rLo.store(rX.load() - rHi.load())
 
 
+@cute.jit
+def tf32_round(rX: cute.Tensor, rR: cute.Tensor):
+    """rR := rX rounded to TF32 (`cvt.rna.tf32.f32`: to nearest, ties away from zero), an fp32 register tensor whose
+    bits the tensor core reads as a TF32 operand (`tf32`)."""
+    bits = cute.recast_tensor(rR, cutlass.Int32)
+    for v in cutlass.range_constexpr(cute.size(rX)):
+        bits[v] = cutlass.Int32(cute.arch.cvt_f32_tf32(rX[v]))
+
+
 def tf32(t):
     """An fp32 register tensor as the tensor core's TF32 operand (same bits)."""
     return cute.recast_tensor(t, cutlass.TFloat32)

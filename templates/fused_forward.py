@@ -106,6 +106,10 @@ SMEM_CARVEOUT_MAX = 100        # percent: all of the unified L1 / shared array a
 # shared memory, and ptxas then caps registers at 168 per thread, which the tile kernel meets without
 # spills; K = 128 fits 2, K = 256 one. 8 warps: 2, a 128-register cap).
 TILE_CTAS_PER_SM = {4: 3, 8: 2}
+# `gate_rows`' runtime loop over a thread's rows, this many per iteration: it keeps the tile's hot code small enough
+# for the instruction cache. H200, a1 at B=2 T=8192 H=64 (2026-12-06; docs/performance.md): K = 128 0.818-0.820 ms
+# with 2, 0.823 with 1 (main: its own numerics, unrolled in full, 0.835).
+GATE_ROWS_UNROLL = 2
 
 
 def fused_smem_struct(chunk: int, head_k: int, head_v: int, io, path: str):
@@ -562,9 +566,10 @@ class FusedForward:
                   valid_rows: cutlass.Int32, tidx: cutlass.Int32, parts: cutlass.Constexpr = "all",
                   rKp: cute.Tensor = None):
         """`gate_row` for this thread's rows t // (K / 8) + p (128 / (K / 8)), columns 8 (t % (K / 8)) ..,
-        operands from smem; Vp from rV (`load_v_rows`' rows), in the same loop when K == V. `parts`: "all";
-        "operands" (Kp, Vp, QG: KG is left to `parts="keys"`, on other warps); "keys" (KG only). `rKp`
-        (`row_vectors(K)`): Kp stays there instead of going to sKp (`store_kp_rows` stores it)."""
+        operands from smem, in a runtime loop of GATE_ROWS_UNROLL rows per iteration; then Vp from rV (`load_v_rows`'
+        rows, in registers, so an unrolled loop). `parts`: "all"; "operands" (Kp, Vp, QG: KG is left to
+        `parts="keys"`, on other warps); "keys" (KG only). `rKp` (`row_vectors(K)`): Kp stays there instead of going
+        to sKp (`store_kp_rows` stores it); the loop is then unrolled, with Vp in it when K == V."""
         f32, io = cutlass.Float32, self.io
         col_tile = self.col_tile(self.head_k, tidx)
         dQG = dKG  # never written without QG (mQG is then a small dummy)
@@ -574,25 +579,41 @@ class FusedForward:
         if cutlass.const_expr(parts != "operands"):
             rGlast = cute.make_rmem_tensor((VEC,), f32)
             cute.autovec_copy(cute.local_tile(sG[valid_rows - 1, None], (VEC,), (col_tile,)), rGlast)
-        rK = cute.make_rmem_tensor((VEC,), io)
-        rG = cute.make_rmem_tensor((VEC,), f32)
-        rQ = cute.make_rmem_tensor((VEC,), io)
         same_rows = cutlass.const_expr(self.head_k == self.head_v)  # rV holds v in these rows and columns
-        for p in cutlass.range_constexpr(self.rows_per_thread(self.head_k)):
-            row = self.thread_row(self.head_k, tidx, p)
-            cute.autovec_copy(cute.local_tile(sK[row, None], (VEC,), (col_tile,)), rK)
-            cute.autovec_copy(cute.local_tile(sG[row, None], (VEC,), (col_tile,)), rG)
-            if cutlass.const_expr(parts == "keys"):
-                key_gate_row(rK, rG, rGlast, dKG, row, valid_rows, col_tile)
-            else:
-                if cutlass.const_expr(self.output_qg):
-                    cute.autovec_copy(cute.local_tile(sQ[row, None], (VEC,), (col_tile,)), rQ)
-                gate_row(rK, rG, rV[p, None] if same_rows else None, rQ, sBeta[row], rGlast, dKG, dQG, sKp,
-                         sVp, row, valid_rows, col_tile, self.output_qg, None if rKp is None else rKp[p, None])
-        if cutlass.const_expr(not same_rows and parts != "keys"):
+        operands = (sK, sG, sQ, sBeta, rGlast, dKG, dQG, sKp, sVp, valid_rows, tidx, col_tile, parts)
+        if cutlass.const_expr(rKp is not None):  # Kp into registers indexed by p: an unrolled loop, Vp in it
+            for p in cutlass.range_constexpr(self.rows_per_thread(self.head_k)):
+                self.gate_rows_at(p, operands, rV[p, None] if same_rows else None, rKp[p, None])
+        else:
+            # Kp, KG and QG read only shared memory and write shared or global memory: a runtime loop keeps the
+            # code small (the instruction cache; docs/performance.md); Vp, from registers indexed by p, follows
+            # unrolled. Each element's arithmetic is gate_row's either way.
+            for p in cutlass.range(self.rows_per_thread(self.head_k), unroll=GATE_ROWS_UNROLL):
+                self.gate_rows_at(p, operands, None, None)
+        if cutlass.const_expr(parts != "keys" and (rKp is None or not same_rows)):
             for p in cutlass.range_constexpr(cute.size(rV, mode=[0])):
                 row = self.thread_row(self.head_v, tidx, p)
                 value_row(rV[p, None], sBeta[row], sVp, row, valid_rows, self.col_tile(self.head_v, tidx))
+
+    @cute.jit
+    def gate_rows_at(self, p, operands: cutlass.Constexpr, rVrow: cute.Tensor, rKpRow: cute.Tensor):
+        """`gate_rows`' work on this thread's p-th row (p a constant or a runtime index): Kp (into rKpRow when
+        given), Vp from rVrow when given, KG, QG, as `gate_rows`' `parts` says."""
+        sK, sG, sQ, sBeta, rGlast, dKG, dQG, sKp, sVp, valid_rows, tidx, col_tile, parts = operands
+        f32, io = cutlass.Float32, self.io
+        rK = cute.make_rmem_tensor((VEC,), io)
+        rG = cute.make_rmem_tensor((VEC,), f32)
+        rQ = cute.make_rmem_tensor((VEC,), io)
+        row = self.thread_row(self.head_k, tidx, p)
+        cute.autovec_copy(cute.local_tile(sK[row, None], (VEC,), (col_tile,)), rK)
+        cute.autovec_copy(cute.local_tile(sG[row, None], (VEC,), (col_tile,)), rG)
+        if cutlass.const_expr(parts == "keys"):
+            key_gate_row(rK, rG, rGlast, dKG, row, valid_rows, col_tile)
+        else:
+            if cutlass.const_expr(self.output_qg):
+                cute.autovec_copy(cute.local_tile(sQ[row, None], (VEC,), (col_tile,)), rQ)
+            gate_row(rK, rG, rVrow, rQ, sBeta[row], rGlast, dKG, dQG, sKp, sVp, row, valid_rows, col_tile,
+                     self.output_qg, rKpRow)
 
     def thread_row(self, cols: int, tidx: cutlass.Int32, p: int) -> cutlass.Int32:
         """The row of this thread's p-th 8-column vector of a [chunk, cols] tile that the group's 128 threads cover

@@ -13,8 +13,9 @@ b <= a is a TF32 tensor-core product of gated operands with a per-pair reference
 
     A side (rows of block a):    x_i * 2^(g_i - r)     x = q for Aqk, k for L
     B side (columns of block b): k_j * 2^(r - g_j)
-    r = g[16a]                        for a > b (both factors <= 1 for a non-increasing gate)
-    r = g[16a] - DIAG_SHIFT           for a == b (the block's first row, shifted by a constant)
+    r = g[16a]                        the row block's first row (safe gate: every block b <= a; for a > b both
+                                      factors are <= 1 for a non-increasing gate)
+    r = g[16a] - DIAG_SHIFT           for a == b on the any-gate path (safe_gate=False; docs/numerics.md)
 
 Every reference is a row <= every output row it serves and never depends on the chunk's length, so
 no row's bits depend on later tokens (causal bit-invariance; docs/numerics.md has the bounds).
@@ -32,11 +33,15 @@ Arithmetic order (fixes the bits; see docs/numerics.md):
     RN to the io dtype (Aqk) or stored as fp32 (L).
 
 Warp roles: 4 warps, all loaders, then each warp owns fixed row-block groups (a group shares one
-A-side operand, so its exp2 is computed once for all its column blocks):
-    warp 0: a=3 off-diagonal, b = 0, 1, 2
-    warp 1: a=2 off-diagonal, b = 0, 1;  a=0 diagonal (and the zero blocks right of it)
-    warp 2: a=1 off-diagonal, b = 0;     a=1 diagonal (and the zero blocks right of it)
-    warp 3: a=2 diagonal (and zeros);    a=3 diagonal
+A-side operand, so its exp2 is computed once for all its column blocks). Safe gate: a row block's diagonal block
+shares its A side (and comes last in its group, with the zero blocks right of it); row block 3 is split over two
+warps so that no warp has more than A + 3 B sides of work per head-dim step (`tile_intra.WARP_GROUPS`):
+    warp 0: a=3, b = 0, 1, 2
+    warp 1: a=3, b = 3;  a=0, b = 0
+    warp 2: a=2, b = 0, 1, 2
+    warp 3: a=1, b = 0, 1
+Any gate (`tile_intra.WARP_GROUPS_EXACT`): the diagonal blocks, with their own shifted reference, apart from the
+off-diagonal groups, one per warp.
 A group whose row block has no valid row (16a >= v) is skipped. Gated operands are computed
 straight into the MMA fragments from shared q, k, g (CuTe `partition_A/B` views; a stride-0 view
 of the reference row gives r per fragment element), so nothing is staged besides the inputs.

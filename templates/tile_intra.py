@@ -29,24 +29,31 @@ MMA_K = 8       # head-dim step of one mma.sync m16n8k8
 PAD_BYTES = 16  # extra bytes per shared row: shifts consecutive rows by 4 banks
 BULK_GRANULE = 16  # bytes: the address and size unit of cp.async.bulk
 TMA_BOX_MAX = 256  # elements: the largest TMA box dimension
-# Diagonal-block reference shift (log2 units). Under the safe gate (per-token log-gate >= -5, i.e.
-# >= -5/ln 2 = -7.21 in log2) a 16-row block spans at most 15 * 7.21 = 108.2, so with r = g[16a] - 54
-# the A factor 2^(g_i - r) lies in [2^-54.2, 2^54] and the B factor 2^(r - g_j) in [2^-54, 2^54.2].
+# Diagonal-block reference shift of the any-gate path (log2 units): r = g[16a] - DIAG_SHIFT (FAST_SPREAD below). The
+# safe-gate path's diagonal blocks take r = g[16a] unshifted, as its off-diagonal blocks do, so one A side serves a
+# row block's every column block (WARP_GROUPS): under the safe gate (per-token log-gate >= -5, i.e. >= -5/ln 2 = -7.21
+# in log2) a 16-row block spans at most 15 * 7.21 = 108.2, so the A factor 2^(g_i - r) lies in [2^-108.2, 1] and the
+# B factor 2^(r - g_j) in [1, 2^108.2].
 DIAG_SHIFT = 54.0
 # Any gate (`safe_gate=False`): a row i of a diagonal block whose gate drops at most FAST_SPREAD from the block's first
-# row in every column (g[16a, d] - g[i, d] <= FAST_SPREAD) takes the same shifted factors as the safe path, multiplied
+# row in every column (g[16a, d] - g[i, d] <= FAST_SPREAD) takes the shifted reference's factors, multiplied
 # as 3xTF32: its A factors lie in [2^(54 - 150), 2^54] and the B factors of its columns j <= i in [2^-54, 2^96], so
 # no factor over- or underflows (an operand below ~2^-103 has a subnormal lo part: a negligible loss). The other rows,
 # and a row with a NaN exponent, take `exact_diagonal`. A row's path depends on rows 16a and i only (causal). CPU
 # study: benchmarks/any_gate_numerics.py.
 FAST_SPREAD = 150.0
 
-# (row block a, diagonal?, column blocks b) per warp; see templates/intra.py.
+# (row block a, diagonal?, column blocks b) per warp; see templates/intra.py. A diagonal group's last column block is
+# a itself (masked, and the zero blocks right of it stored); its other blocks share the A side. Balanced by each
+# warp's work per head-dim step (A side ~24 instructions per lane, B side ~16, 4 mma.sync per block): row block 3 is
+# split over warps 0 and 1 (its A side computed twice), so the busiest warp has A + 3 B or 2 A + 2 B (~84-88)
+# instead of row block 3's A + 4 B (~104). Warp w of both CTAs on an SM shares one SM sub-partition, so the busiest
+# warp also bounds the intra phase's throughput there.
 WARP_GROUPS = (
     ((3, False, (0, 1, 2)),),
-    ((2, False, (0, 1)), (0, True, (0,))),
-    ((1, False, (0,)), (1, True, (1,))),
-    ((2, True, (2,)), (3, True, (3,))),
+    ((3, True, (3,)), (0, True, (0,))),
+    ((2, True, (0, 1, 2)),),
+    ((1, True, (0, 1)),),
 )
 NUM_WARPS = len(WARP_GROUPS)
 # The same blocks over 8 warps (the fused kernel's 8-warp configurations). A block's bits do not depend
@@ -412,9 +419,10 @@ def intra_tile(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: c
 
     dAqk, dL: [chunk, chunk] destinations (global or shared) of Aqk (io dtype) and L (fp32); rows
     >= valid_rows are not written. `head_k`: the true head size K; the products sum over the tiles' first
-    `summed_cols(head_k)` columns only. `safe_gate`: diagonal blocks as TF32 products of shifted factors
-    (True) or, for any gate (False), as 3xTF32 products of them in the rows within FAST_SPREAD and fp32 sums of
-    per-pair exponentials in the others (`exact_rows`). The caller synchronizes before and after.
+    `summed_cols(head_k)` columns only. `safe_gate`: diagonal blocks as TF32 products of the row block's
+    factors, as the off-diagonal blocks (True), or, for any gate (False), as 3xTF32 products of shifted factors
+    (DIAG_SHIFT) in the rows within FAST_SPREAD and fp32 sums of per-pair exponentials in the others
+    (`exact_rows`). The caller synchronizes before and after.
     """
     cols = summed_cols(head_k)
     if cutlass.const_expr(cols < cute.size(sQ, mode=[1])):
@@ -474,11 +482,12 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
                     valid_rows: cutlass.Int32, scale: cutlass.Float32, a: cutlass.Int32,
                     diagonal: cutlass.Constexpr, col_blocks: list, unroll: cutlass.Constexpr,
                     exact_unroll: cutlass.Constexpr = 0):
-    """Blocks (a, b) for b in col_blocks (run-time block indices), all with one reference row; also the
-    zero blocks b > a when `diagonal` (then col_blocks == [a]). `unroll`: mainloop steps per iteration
-    (MAINLOOP_UNROLL). `exact_unroll` (diagonal blocks of the any-gate path; 0 elsewhere): the mainloop multiplies
-    as 3xTF32, and the rows past FAST_SPREAD take their sums from `exact_diagonal` (EXACT_UNROLL steps per
-    iteration) instead; the epilogue is the same."""
+    """Blocks (a, b) for b in col_blocks (run-time block indices), all with one reference row g[16a]; when
+    `diagonal`, the last column block is a itself (masked to the triangle), and the zero blocks b > a are stored
+    too. `unroll`: mainloop steps per iteration (MAINLOOP_UNROLL). `exact_unroll` (the diagonal block alone, of the
+    any-gate path; 0 elsewhere): the reference is shifted by DIAG_SHIFT, the mainloop multiplies as 3xTF32, and the
+    rows past FAST_SPREAD take their sums from `exact_diagonal` (EXACT_UNROLL steps per iteration) instead; the
+    epilogue is the same."""
     head_k = cute.size(sQ, mode=[1])
     row_blocks = cute.size(sQ, mode=[0]) // SUB
     thr_mma = tiled_mma.get_slice(lane)
@@ -519,12 +528,13 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
     # is not stored, and a B column j >= valid_rows only reaches output column j > i of a valid row i, in a diagonal
     # block, where the epilogue's select puts 0.
     exact = cutlass.const_expr(exact_unroll > 0)
+    assert not exact or (diagonal and len(col_blocks) == 1), "the exact path takes a diagonal block alone"
     rArgMin = cute.make_rmem_tensor(tAsG[None, None, 0].shape, cutlass.Float32)  # exact: min over d of A's exponent
     rArgMin.fill(DIAG_SHIFT)
     for kk in cutlass.range(head_k // MMA_K, unroll=unroll):
         refA = tAsRef[None, None, kk].load()
         refB = tBsRef[None, None, kk].load()
-        if cutlass.const_expr(diagonal):
+        if cutlass.const_expr(exact):
             refA = refA - cutlass.Float32(DIAG_SHIFT)
             refB = refB - cutlass.Float32(DIAG_SHIFT)
         argA = tAsG[None, None, kk].load() - refA
@@ -555,7 +565,7 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
         b = col_blocks[n]
         aqk = accQK[n].load() * scale
         lkk = accKK[n].load() * rBeta.load()
-        if cutlass.const_expr(diagonal):
+        if cutlass.const_expr(diagonal and n == len(col_blocks) - 1):
             keepQK = cute.make_rmem_tensor(cC.shape, cutlass.Boolean)
             keepKK = cute.make_rmem_tensor(cC.shape, cutlass.Boolean)
             for v in cutlass.range_constexpr(cute.size(cC)):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from kdajit.templates.common import RN, TF32_MMA_SHAPE, make_tf32_mma, sync_group, tf32x3_gemm
+from kdajit.templates.common import RN, TF32_MMA_SHAPE, make_tf32_mma, sync_group, tf32, tf32_round
 
 _PANEL = 4  # columns per panel: one 16-byte shared load of 4 fp32 L values per row
 BLOCK = 16  # rows of the diagonal blocks inverted by forward substitution
@@ -111,7 +111,7 @@ def invert_tile(sL: cute.Tensor, sX: cute.Tensor, sX00: cute.Tensor, warp_idx: c
 
     # 3.-4. Doubling merges: for each pair of size-S diagonal blocks (rows a.., then u = a + S..),
     #    T = L[u, a] X[a, a], then X[u, a] = -(X[u, u] T); S = 16, 32. Each is a set of 16 x 8 tiles
-    #    (`pair_tiles`), one 3xTF32 tensor-core product each (`tf32x3_product`).
+    #    (`pair_tiles`), one TF32 tensor-core product each, operands rounded to nearest (`tf32_product`).
     for level in cutlass.range_constexpr(merge_levels(C)):
         S = BLOCK << level
         pairs = C // (2 * S)
@@ -248,7 +248,7 @@ def left_product(sL, sX00, a, S, warp, lane):
     u = a + S
     product = product_view(sL, a, S)
     for m, n in pair_tiles(S, warp):
-        acc, coords = tf32x3_product(lane, *resolve(sL, u + MMA_M * m, a),
+        acc, coords = tf32_product(lane, *resolve(sL, u + MMA_M * m, a),
                                      *resolve(fp32_x(sL, sX00, a), a, a + MMA_N * n), n, S // MMA_K)
         for v in range(cute.size(coords)):
             product[MMA_M * m + coords[v][0], MMA_N * n + coords[v][1]] = acc[v]
@@ -263,7 +263,7 @@ def right_product(sL, sX, sX00, a, S, warp, lane):
     C = cute.size(sL, mode=[0])
     keep = fp32_x(sL, sX00, u) if 2 * S < C else None
     for m, n in pair_tiles(S, warp):
-        acc, coords = tf32x3_product(lane, *resolve(fp32_x(sL, sX00, u), u + MMA_M * m, u),
+        acc, coords = tf32_product(lane, *resolve(fp32_x(sL, sX00, u), u + MMA_M * m, u),
                                      *resolve(product_view(sL, a, S), 0, MMA_N * n), 0, 2 * m + 2)
         for v in range(cute.size(coords)):
             row, col = u + MMA_M * m + coords[v][0], a + MMA_N * n + coords[v][1]
@@ -282,16 +282,16 @@ def resolve(t, row: int, col: int):
 
 
 @cute.jit
-def tf32x3_product(lane: cutlass.Int32, sA: cute.Tensor, a_row: cutlass.Int32, a_col: cutlass.Int32,
-                   sB: cute.Tensor, b_row: cutlass.Int32, b_col: cutlass.Int32, step_begin: cutlass.Int32,
-                   step_end: cutlass.Int32):
+def tf32_product(lane: cutlass.Int32, sA: cute.Tensor, a_row: cutlass.Int32, a_col: cutlass.Int32,
+                 sB: cute.Tensor, b_row: cutlass.Int32, b_col: cutlass.Int32, step_begin: cutlass.Int32,
+                 step_end: cutlass.Int32):
     """One warp's 16 x 8 product sum_k A[i, k] B[k, j] over the k-steps [step_begin, step_end) of 8, with
     A[i, k] = sA[a_row + i, a_col + k] and B[k, j] = sB[b_row + k, b_col + j] (fp32 shared tensors, any
     layout: each fragment element is read at its own coordinate). Returns (the accumulator fragment, its
     (i, j) coordinates).
 
-    3xTF32 (`tf32x3_gemm`): per k-step, ascending, three `mma.sync m16n8k8 tf32` into one fp32 accumulator from
-    +0: A_lo B_hi, then A_hi B_lo, then A_hi B_hi."""
+    Per k-step, ascending, one `mma.sync m16n8k8 tf32` into one fp32 accumulator from +0, on operands rounded to
+    TF32 by `cvt.rna.tf32.f32` (`tf32_round`; to nearest, where FLA's Triton merges truncate)."""
     f32 = cutlass.Float32
     tiled_mma = make_tf32_mma()
     thr = tiled_mma.get_slice(lane)
@@ -308,7 +308,9 @@ def tf32x3_product(lane: cutlass.Int32, sA: cute.Tensor, a_row: cutlass.Int32, a
             rA[v] = sA[a_row + cA[v][0], a_col + k0 + cA[v][1]]
         for v in cutlass.range_constexpr(cute.size(cB)):
             rB[v] = sB[b_row + k0 + cB[v][1], b_col + cB[v][0]]
-        tf32x3_gemm(tiled_mma, acc, rA, rB)
+        tf32_round(rA, rA)
+        tf32_round(rB, rB)
+        cute.gemm(tiled_mma, acc, tf32(rA), tf32(rB), acc)
     return acc, coords
 
 

@@ -1,10 +1,11 @@
 """CPU: every intra warp schedule computes and stores each block of the tile exactly once.
 
-A schedule (templates/tile_intra.py) lists per warp the groups it runs: (row block a, diagonal?, column blocks). A
-block left out would leave Aqk and L unwritten there (the GPU tests poison outputs, but only on the shapes and
-configurations they run); a block listed twice would be written by two warps. This checks every schedule
-`warp_schedule` can return against the tile's lower-triangular block set, and that each has an unroll factor for
-both of its loops, without a GPU; and that the intra chains sum over whole steps that cover every real head column.
+A schedule (templates/tile_intra.py) lists per warp the groups it runs: (row block a, diagonal?, column blocks; a
+diagonal group's last one is a). A block left out would leave Aqk and L unwritten there (the GPU tests poison
+outputs, but only on the shapes and configurations they run); a block listed twice would be written by two warps.
+This checks every schedule `warp_schedule` can return against the tile's lower-triangular block set, and that each
+has an unroll factor for both of its loops, without a GPU; and that the intra chains sum over whole steps that cover
+every real head column.
 """
 import collections
 
@@ -26,8 +27,12 @@ def test_each_block_is_written_once(warps, safe_gate, chunk):
     count = collections.Counter()
     for groups in schedule:
         for a, diagonal, col_blocks in groups:
-            assert not diagonal or tuple(col_blocks) == (a,), f"diagonal group {a} lists columns {col_blocks}"
-            assert diagonal or all(b < a for b in col_blocks), f"off-diagonal group {a} lists {col_blocks}"
+            # a diagonal group ends with its own block a (the one the epilogue masks); the others lie left of it
+            off_diagonal = col_blocks[:-1] if diagonal else col_blocks
+            assert not diagonal or col_blocks[-1] == a, f"diagonal group {a} lists columns {col_blocks}"
+            assert all(b < a for b in off_diagonal), f"group {a} lists {col_blocks}"
+            # the any-gate path shifts a diagonal block's reference: its A side serves no other block
+            assert safe_gate or not diagonal or len(col_blocks) == 1, f"any-gate diagonal group {a}: {col_blocks}"
             count.update((a, b) for b in col_blocks)
     blocks = chunk // tile_intra.SUB
     expected = {(a, b) for a in range(blocks) for b in range(a + 1)}
