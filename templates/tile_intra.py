@@ -131,6 +131,14 @@ def make_row_copy(dtype, cols: int, num_threads: int) -> cute.TiledCopy:
     return cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, vec)))
 
 
+# `load_rows` issues a thread's pieces in a runtime loop, LOAD_ROWS_UNROLL per iteration, where it has more than
+# LOAD_ROWS_UNROLLED_MAX of them (K = 100 in a 4-warp CTA: 16), for a smaller load-issue code (the instruction cache:
+# the fused a1 kernel -3% at K = 100 on the H100); at most that many stay unrolled (K = 60's 8, where the loop cost 1%).
+# docs/performance.md, fifteenth session.
+LOAD_ROWS_UNROLLED_MAX = 8
+LOAD_ROWS_UNROLL = 2
+
+
 @cute.jit
 def load_rows(tiled_copy: cute.TiledCopy, gX: cute.Tensor, sX: cute.Tensor, cX: cute.Tensor,
               tidx: cutlass.Int32, valid_rows: cutlass.Int32):
@@ -145,14 +153,25 @@ def load_rows(tiled_copy: cute.TiledCopy, gX: cute.Tensor, sX: cute.Tensor, cX: 
     tXgX = thr_copy.partition_S(gX)
     tXsX = thr_copy.partition_D(sX)
     tXcX = thr_copy.partition_S(cX)
-    piece_bytes = cute.size(tXsX, mode=[0]) * sX.element_type.width // 8
-    for m in cutlass.range_constexpr(cute.size(tXgX, mode=[1])):
-        row, col = tXcX[0, m, 0]
-        src_bytes = cutlass.Int32(0)
-        if row < valid_rows:
-            if col < cols:
-                src_bytes = cutlass.Int32(piece_bytes)
-        cp_async_zero_fill(tXsX[None, m, None].iterator, tXgX[None, m, None].iterator, piece_bytes, src_bytes)
+    pieces = cute.size(tXgX, mode=[1])
+    if cutlass.const_expr(pieces > LOAD_ROWS_UNROLLED_MAX):
+        for m in cutlass.range(pieces, unroll=LOAD_ROWS_UNROLL):
+            load_piece(tXgX, tXsX, tXcX, m, cols, valid_rows)
+    else:
+        for m in cutlass.range_constexpr(pieces):
+            load_piece(tXgX, tXsX, tXcX, m, cols, valid_rows)
+
+
+@cute.jit
+def load_piece(tXgX: cute.Tensor, tXsX: cute.Tensor, tXcX: cute.Tensor, m, cols: int, valid_rows: cutlass.Int32):
+    """`load_rows`' piece m of a thread: its bytes where its row is valid and its column inside gX, else zeros."""
+    piece_bytes = cute.size(tXsX, mode=[0]) * tXsX.element_type.width // 8
+    row, col = tXcX[0, m, 0]
+    src_bytes = cutlass.Int32(0)
+    if row < valid_rows:
+        if col < cols:
+            src_bytes = cutlass.Int32(piece_bytes)
+    cp_async_zero_fill(tXsX[None, m, None].iterator, tXgX[None, m, None].iterator, piece_bytes, src_bytes)
 
 
 @dsl_user_op
