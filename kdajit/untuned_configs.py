@@ -27,8 +27,9 @@ fastest (B=2 T=8192 H=64, safe gate; H200 unless named): K = V = 128 0.848 ms ag
 sizes load differently (TMA boxes; cp.async pieces) and rank configurations differently (the early gate rows: -7% at
 K = 64, +3% at 60 and 100 on the H100). At K = V = 64 the gate rows also go early (gate_rows="early"): 0.540 ms
 against 0.579, twice (H100, 2026-12-06; not yet timed on an H200); at K = V = 128 they do not: 0.950 against 0.925
-(H100, 2026-12-06). K != V keeps its FUSED entry (a persistent grid of 2 CTAs per SM does not fit every K != V
-pair).
+(H100, 2026-12-06). With numerics2 (e1868f6) the same ranking, H100: a1-ge 0.539 against 0.586 at 64, 0.955 against
+0.908 at 128, 1.028 against 0.997 at 100, 0.762 against 0.622 at 60 (2026-12-06). K != V keeps its FUSED entry (a
+persistent grid of 2 CTAs per SM does not fit every K != V pair).
 """
 
 # Entries share this dict (untuned_fields hands it out unchanged); one that differs is a dict of its own (K = 64's).
