@@ -249,7 +249,7 @@ def left_product(sL, sX00, a, S, warp, lane):
     product = product_view(sL, a, S)
     for m, n in pair_tiles(S, warp):
         acc, coords = tf32_product(lane, *resolve(sL, u + MMA_M * m, a),
-                                     *resolve(fp32_x(sL, sX00, a), a, a + MMA_N * n), n, S // MMA_K)
+                                   *resolve(fp32_x(sL, sX00, a), a, a + MMA_N * n), n, S // MMA_K)
         for v in range(cute.size(coords)):
             product[MMA_M * m + coords[v][0], MMA_N * n + coords[v][1]] = acc[v]
 
@@ -264,7 +264,7 @@ def right_product(sL, sX, sX00, a, S, warp, lane):
     keep = fp32_x(sL, sX00, u) if 2 * S < C else None
     for m, n in pair_tiles(S, warp):
         acc, coords = tf32_product(lane, *resolve(fp32_x(sL, sX00, u), u + MMA_M * m, u),
-                                     *resolve(product_view(sL, a, S), 0, MMA_N * n), 0, 2 * m + 2)
+                                   *resolve(product_view(sL, a, S), 0, MMA_N * n), 0, 2 * m + 2)
         for v in range(cute.size(coords)):
             row, col = u + MMA_M * m + coords[v][0], a + MMA_N * n + coords[v][1]
             x = finalize(acc[v], 0, 0, False)
