@@ -7,9 +7,10 @@
 
 (`bash benchmarks/h200_session.sh ncu` runs the first two on the device machine.) Reads the per-instruction
 table of the first (or `--kernel`-th) kernel in the CSV and prints markdown: the opcode mix (executed warp
-instructions and share of stall samples), the code cut into segments at every `BAR` (a CTA or named barrier:
-the phases of the fused kernel), each with its instructions, samples, main opcodes and stall reasons, and the
-instructions that hold the most samples (a barrier's or a wait's samples land on the instruction after it).
+instructions and share of stall samples), the stall samples by reason over the whole kernel, the code cut into
+segments at every `BAR` (a CTA or named barrier: the phases of the fused kernel), each with its instructions,
+samples, main opcodes and stall reasons, and the instructions that hold the most samples (a barrier's or a wait's
+samples land on the instruction after it).
 Needs no GPU and no third-party package.
 """
 from __future__ import annotations
@@ -74,6 +75,15 @@ def report(path: str, index: int, top: int) -> str:
     out += ["| opcode | executed (M) | share | stall samples |", "|---|---|---|---|"]
     for op, (e, s) in sorted(mix.items(), key=lambda kv: -kv[1][0])[:top]:
         out.append(f"| {op} | {e / 1e6:.2f} | {100 * e / total:.1f}% | {100 * s / total_samples:.1f}% |")
+
+    reasons = collections.Counter()
+    for row in rows:
+        for column in stall_columns:
+            reasons[column[len("stall_"):]] += number(row[column])
+    out += ["", "| stall reason (whole kernel) | samples | share |", "|---|---|---|"]
+    for reason, count in reasons.most_common(top):
+        if count:
+            out.append(f"| {reason} | {count:.0f} | {100 * count / (sum(reasons.values()) or 1.0):.1f}% |")
 
     out += ["", "| lines | executed | stall samples | main opcodes (M) | main stall reasons |", "|---|---|---|---|---|"]
     start = 0
