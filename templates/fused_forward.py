@@ -100,8 +100,11 @@ PHASES = ("loads", "intra", "inverse", "recompute")  # every kernel built from a
 SMEM_PER_SM = 233_472          # H100/H200: 228 KiB of shared memory per SM
 SMEM_PER_CTA_MAX = 232_448     # 227 KiB usable by one CTA
 SMEM_RESERVED_PER_CTA = 1_024  # taken by the system for every resident CTA
-SMEM_CARVEOUT_MAX = 100        # percent: all of the unified L1 / shared array as shared memory, so
-                               # that ctas_per_sm CTAs are resident (the driver's choice is only a hint)
+# The launch's preferred_smem_carveout (percent). Passing one keeps the DSL from querying the device for its shared
+# memory per SM, which a CPU cross-compile has no device for. The value never reaches the driver: it is not in the
+# exported object, and kdajit launches through TVM-FFI. The driver picks the carveout for the occupancy (Nsight
+# Compute, H100: 168 KB for two 75 KB CTAs, 233 KB for three; docs/performance.md, sixteenth session).
+SMEM_CARVEOUT_MAX = 100
 # One tile per CTA asks for up to this many resident CTAs, by warps per CTA (4 warps: K = V = 64 fits 3 by
 # shared memory, and ptxas then caps registers at 168 per thread, which the tile kernel meets without
 # spills; K = 128 fits 2, K = 256 one. 8 warps: 2, a 128-register cap).
