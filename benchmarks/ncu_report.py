@@ -80,10 +80,11 @@ def report(path: str, index: int, top: int) -> str:
     for row in rows:
         for column in stall_columns:
             reasons[column[len("stall_"):]] += number(row[column])
+    reason_total = sum(reasons.values()) or 1.0
     out += ["", "| stall reason (whole kernel) | samples | share |", "|---|---|---|"]
     for reason, count in reasons.most_common(top):
         if count:
-            out.append(f"| {reason} | {count:.0f} | {100 * count / (sum(reasons.values()) or 1.0):.1f}% |")
+            out.append(f"| {reason} | {count:.0f} | {100 * count / reason_total:.1f}% |")
 
     out += ["", "| lines | executed | stall samples | main opcodes (M) | main stall reasons |", "|---|---|---|---|---|"]
     start = 0
