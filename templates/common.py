@@ -60,31 +60,32 @@ def tf32_round(rX: cute.Tensor, rR: cute.Tensor):
 
 
 @cute.jit
-def widen_into(frag: cute.Tensor, out: cute.Tensor):
-    """out (fp32 registers) := frag (16-bit floats: a shared-memory fragment, or a contiguous register vector) as
-    fp32, exactly. Where frag is bf16 and its elements pair up at offsets (2m, 2m + 1) from its first element, each
-    pair is read as one 32-bit word (so that element must be 4-byte aligned: every caller's tiles have even pitches
-    and even column offsets) and split by two bit operations, an fp32 being a bf16 with 16 zero bits below. The
-    compiler's own conversion takes three instructions per pair (SHF; PRMT, SHF for the upper half), and the kernels
-    convert every q and k element they multiply: docs/performance.md, seventeenth session."""
+def widened(frag: cute.Tensor) -> cute.TensorSSA:
+    """frag (16-bit floats: a shared-memory fragment, or a contiguous register vector) as fp32 values, exactly. Where
+    frag is bf16 and its elements pair up at offsets (2m, 2m + 1) from its first element, each pair is read as one
+    32-bit word (so that element must be 4-byte aligned: every caller's tiles have even pitches and even column
+    offsets) and split by two bit operations, an fp32 being a bf16 with 16 zero bits below. The compiler's own
+    conversion takes three instructions per pair (SHF; PRMT, SHF for the upper half), and the kernels convert every
+    q and k element they multiply: docs/performance.md, seventeenth session."""
     offsets = [frag.layout(i) for i in range(cute.size(frag))]
     pairs = [(i, offsets.index(o + 1)) for i, o in enumerate(offsets) if o % 2 == 0 and o + 1 in offsets]
     if cutlass.const_expr(frag.element_type != cutlass.BFloat16 or 2 * len(pairs) != len(offsets)):
-        out.store(frag.load().to(cutlass.Float32))
-    else:
-        in_registers = cutlass.const_expr(frag.memspace == cute.AddressSpace.rmem)
+        return frag.load().to(cutlass.Float32)
+    in_registers = cutlass.const_expr(frag.memspace == cute.AddressSpace.rmem)
+    if cutlass.const_expr(in_registers):
+        assert offsets == list(range(len(offsets))), "a register fragment is read as consecutive words"
+        words = cute.recast_tensor(frag, cutlass.Uint32)
+    out = cute.make_rmem_tensor(frag.shape, cutlass.Float32)
+    bits = cute.recast_tensor(out, cutlass.Uint32)
+    for lo, hi in pairs:
         if cutlass.const_expr(in_registers):
-            assert offsets == list(range(len(offsets))), "a register fragment is read as consecutive words"
-            words = cute.recast_tensor(frag, cutlass.Uint32)
-        bits = cute.recast_tensor(out, cutlass.Uint32)
-        for lo, hi in pairs:
-            if cutlass.const_expr(in_registers):
-                word = words[offsets[lo] // 2]
-            else:
-                word = cute.make_tensor(cute.recast_ptr(frag.iterator + offsets[lo], dtype=cutlass.Uint32),
-                                        cute.make_layout(1))[0]
-            bits[lo] = word << 16
-            bits[hi] = word & cutlass.Uint32(0xFFFF0000)
+            word = words[offsets[lo] // 2]
+        else:
+            word = cute.make_tensor(cute.recast_ptr(frag.iterator + offsets[lo], dtype=cutlass.Uint32),
+                                    cute.make_layout(1))[0]
+        bits[lo] = word << 16
+        bits[hi] = word & cutlass.Uint32(0xFFFF0000)
+    return out.load()
 
 
 def tf32(t):

@@ -23,7 +23,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 
 from kdajit.keys import padded_head_dim
 from kdajit.templates.common import (IO_TYPES, RN, chunk_rows, global_vec, ptx_asm, qk_head, tf32, tf32x3_gemm,
-                                     widen_into)
+                                     widened)
 
 SUB = 16        # rows of one sub-block (the MMA M)
 MMA_K = 8       # head-dim step of one mma.sync m16n8k8
@@ -561,14 +561,11 @@ def row_block_group(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, 
         if cutlass.const_expr(exact):
             rArgMin.store(sticky_min(argA, rArgMin.load(), cute.where))
         gateA = cute.math.exp2(argA, fastmath=True)
-        widen_into(tAsQ[None, None, kk], rQA)
-        rQA.store(rQA.load() * gateA)
-        widen_into(tAsK[None, None, kk], rKA)
-        rKA.store(rKA.load() * gateA)
+        rQA.store(widened(tAsQ[None, None, kk]) * gateA)
+        rKA.store(widened(tAsK[None, None, kk]) * gateA)
         for n in cutlass.range_constexpr(len(col_blocks)):
             gateB = cute.math.exp2(refB - tBsG[n][None, None, kk].load(), fastmath=True)
-            widen_into(tBsK[n][None, None, kk], rKB)
-            rKB.store(rKB.load() * gateB)
+            rKB.store(widened(tBsK[n][None, None, kk]) * gateB)
             if cutlass.const_expr(exact):
                 tf32x3_gemm(tiled_mma, accQK[n], rQA, rKB)
                 tf32x3_gemm(tiled_mma, accKK[n], rKA, rKB)
@@ -689,8 +686,6 @@ def exact_diagonal(sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor, a: cutlass
     rGi = [cute.make_rmem_tensor((EXACT_STEP,), f32) for _ in range(halves)]
     rKj = [[cute.make_rmem_tensor((EXACT_STEP,), sK.element_type) for _ in range(2)] for _ in range(ntiles)]
     rGj = [[cute.make_rmem_tensor((EXACT_STEP,), f32) for _ in range(2)] for _ in range(ntiles)]
-    rQ32 = [cute.make_rmem_tensor((EXACT_STEP,), f32) for _ in range(halves)]
-    rKi32 = [cute.make_rmem_tensor((EXACT_STEP,), f32) for _ in range(halves)]
     rKB = cute.make_rmem_tensor((EXACT_STEP,), f32)
     for kk in cutlass.range(head_k // EXACT_STEP, unroll=unroll):
         for h in cutlass.range_constexpr(halves):
@@ -701,16 +696,14 @@ def exact_diagonal(sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor, a: cutlass
             for e in cutlass.range_constexpr(2):
                 cute.autovec_copy(cute.local_tile(sK[cols[n][e], None], (EXACT_STEP,), (kk,)), rKj[n][e])
                 cute.autovec_copy(cute.local_tile(sG[cols[n][e], None], (EXACT_STEP,), (kk,)), rGj[n][e])
-        for h in cutlass.range_constexpr(halves):  # once per row half, not per fragment element
-            widen_into(rQ[h], rQ32[h])
-            widen_into(rKi[h], rKi32[h])
+        qi = [widened(rQ[h]) for h in range(halves)]  # once per row half, not per fragment element
+        ki = [widened(rKi[h]) for h in range(halves)]
         for e, h, n in elements:
             gate = cute.math.exp2(rGi[h].load() - rGj[n][e].load(), fastmath=True)
-            widen_into(rKj[n][e], rKB)
-            rKB.store(rKB.load() * gate)
+            rKB.store(widened(rKj[n][e]) * gate)
             for d in cutlass.range_constexpr(EXACT_STEP):
-                accQK[(e, h), 0, n] = cute.math.fma(rQ32[h][d], rKB[d], accQK[(e, h), 0, n], rounding=RN)
-                accKK[(e, h), 0, n] = cute.math.fma(rKi32[h][d], rKB[d], accKK[(e, h), 0, n], rounding=RN)
+                accQK[(e, h), 0, n] = cute.math.fma(qi[h][d], rKB[d], accQK[(e, h), 0, n], rounding=RN)
+                accKK[(e, h), 0, n] = cute.math.fma(ki[h][d], rKB[d], accKK[(e, h), 0, n], rounding=RN)
 
 
 @cute.jit

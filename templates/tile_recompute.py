@@ -25,7 +25,7 @@ from cutlass.cute.nvgpu import warp
 from cutlass.cutlass_dsl import dsl_user_op
 
 from kdajit.keys import HEAD_DIMS
-from kdajit.templates.common import global_vec, ptx_asm, row_piece, sync_group, widen_into
+from kdajit.templates.common import global_vec, ptx_asm, row_piece, sync_group, widened
 
 VEC = 8  # columns per thread access: 16 bytes of bf16 / fp16 (two 16-byte loads for the fp32 gate)
 NUM_WARPS = 4
@@ -209,11 +209,9 @@ def store_akk(rA: cute.Tensor, sA: cute.Tensor, valid_rows: cutlass.Int32, tidx:
 def value_row(rV: cute.Tensor, beta: cutlass.Float32, sVp: cute.Tensor, row: cutlass.Int32,
               valid_rows: cutlass.Int32, col_tile: cutlass.Int32):
     """One row's 8 columns of Vp = io_RN(v * beta) to smem (zero past valid_rows)."""
-    f32, io = cutlass.Float32, sVp.element_type
+    io = sVp.element_type
     rVp = cute.make_rmem_tensor((VEC,), io)
-    rVf = cute.make_rmem_tensor((VEC,), f32)
-    widen_into(rV, rVf)
-    rVp.store((rVf.load() * beta).to(io))
+    rVp.store((widened(rV) * beta).to(io))
     zero_unless(rVp, row < valid_rows)
     store_b_row(rVp, sVp, row, col_tile)
 
@@ -231,9 +229,7 @@ def key_product_row(rK: cute.Tensor, rG: cute.Tensor, beta: cutlass.Float32, row
     """One row's 8 columns of Kp = io_RN(k * beta * exp2(g)) (io: rKp's element type) -> the register vector rKp,
     zero past valid_rows; returns exp2(g) (QG's gate)."""
     gate = cute.math.exp2(rG.load(), fastmath=True)
-    rKf = cute.make_rmem_tensor((VEC,), cutlass.Float32)
-    widen_into(rK, rKf)
-    rKp.store(((rKf.load() * beta) * gate).to(rKp.element_type))
+    rKp.store(((widened(rK) * beta) * gate).to(rKp.element_type))
     zero_unless(rKp, row < valid_rows)
     return gate
 
@@ -247,7 +243,7 @@ def gate_row(rK: cute.Tensor, rG: cute.Tensor, rV: cute.Tensor, rQ: cute.Tensor,
     stores it to sKp later); Vp (`value_row`, unless rV is None: K != V takes v in rows of its own) to smem;
     KG (`key_gate_row`, unless rGlast is None: another thread computes it), QG to global (dKG, dQG: [chunk, K]
     views of this chunk's rows)."""
-    f32, io = cutlass.Float32, sKp.element_type
+    io = sKp.element_type
     kp_kept = cutlass.const_expr(rKp is not None)
     if cutlass.const_expr(not kp_kept):
         rKp = cute.make_rmem_tensor((VEC,), io)
@@ -260,9 +256,7 @@ def gate_row(rK: cute.Tensor, rG: cute.Tensor, rV: cute.Tensor, rQ: cute.Tensor,
         key_gate_row(rK, rG, rGlast, dKG, row, valid_rows, col_tile)
     if cutlass.const_expr(output_qg):
         rQG = cute.make_rmem_tensor((VEC,), io)
-        rQf = cute.make_rmem_tensor((VEC,), f32)
-        widen_into(rQ, rQf)
-        rQG.store((rQf.load() * gate).to(io))
+        rQG.store((widened(rQ) * gate).to(io))
         store_row_vec_if(rQG, dQG[row, None], col_tile, row < valid_rows)
 
 
@@ -271,9 +265,7 @@ def key_gate_row(rK: cute.Tensor, rG: cute.Tensor, rGlast: cute.Tensor, dKG: cut
                  valid_rows: cutlass.Int32, col_tile: cutlass.Int32):
     """One row's 8 columns of KG = io_RN(k * exp2(g_last - g)) to global (rows < valid_rows)."""
     rKG = cute.make_rmem_tensor((VEC,), dKG.element_type)
-    rKf = cute.make_rmem_tensor((VEC,), cutlass.Float32)
-    widen_into(rK, rKf)
-    rKG.store((rKf.load() * cute.math.exp2(rGlast.load() - rG.load(), fastmath=True))
+    rKG.store((widened(rK) * cute.math.exp2(rGlast.load() - rG.load(), fastmath=True))
               .to(dKG.element_type))
     store_row_vec_if(rKG, dKG[row, None], col_tile, row < valid_rows)
 
