@@ -1,6 +1,6 @@
 """The SASS of a compiled kernel object with each instruction's dependency scoreboards (CPU, no GPU).
 
-    python benchmarks/sass_scoreboards.py OBJECT [--nvdisasm PATH] [--waits-on SB --after ADDR]
+    python benchmarks/sass_scoreboards.py OBJECT [--nvdisasm PATH] [--waits-on SB --after ADDR | --loops]
 
 OBJECT: a kernel.o of the cache or a `fused_phases.py --export` object. nvdisasm comes from the CUDA toolkit or the
 `nvidia-cuda-nvdisasm` wheel (PATH, or --nvdisasm). Each line: address, the scoreboard the instruction sets when its
@@ -11,6 +11,10 @@ instruction word: stall (4 bits), yield (1), wb (3), rb (3), wait mask (6), reus
 `--waits-on SB --after ADDR` lists only the instructions past ADDR (hex) that wait on scoreboard SB: e.g. whether
 any instruction of a tile waits for loads issued earlier in it (docs/performance.md, fifteenth session: the fused
 a1-ge kernel at K = 60, whose next-tile v loads set SB 5 and which nothing waits on before the loop's back edge).
+
+`--loops` lists the backward branches instead, the largest span first: how many instructions lie between each one's
+target and itself. The first is a persistent kernel's tile loop, whose size the instruction cache feels
+(docs/performance.md, fourteenth and eighteenth sessions).
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ from kdajit.cubins import embedded_cubins
 
 _LINE = re.compile(r"\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;\s*/\*\s*(0x[0-9a-f]+)\s*\*/")
 _HIGH = re.compile(r"/\*\s*(0x[0-9a-f]+)\s*\*/")
+_LABEL = re.compile(r"\s*(\.L_x_\d+):")
+_BRANCH = re.compile(r"\bBRA\b.*?(\.L_x_\d+)")
 
 
 def whole_image(obj: bytes) -> bytes:
@@ -45,13 +51,39 @@ def whole_image(obj: bytes) -> bytes:
     return obj[start:start + end]
 
 
-def instructions(obj_path: pathlib.Path, nvdisasm: str) -> list[tuple[int, int, int, int, str]]:
-    """(address, wb, rb, wait mask, text) of every instruction of the object's first cubin."""
+def disassembly(obj_path: pathlib.Path, nvdisasm: str) -> list[str]:
+    """nvdisasm's listing (with the encodings) of the object's first cubin, line by line."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(whole_image(obj_path.read_bytes()))
         cubin.flush()
-        lines = subprocess.run([nvdisasm, "-c", "-hex", cubin.name], capture_output=True, text=True,
-                               check=True).stdout.splitlines()
+        return subprocess.run([nvdisasm, "-c", "-hex", cubin.name], capture_output=True, text=True,
+                              check=True).stdout.splitlines()
+
+
+def loops(lines: list[str]) -> list[tuple[int, int, int]]:
+    """(instructions from the target through the branch, target address, branch address) of every backward branch
+    of a `disassembly`, the largest first."""
+    labels, found, count = {}, [], 0
+    for line in lines:
+        label = _LABEL.match(line)
+        if label:
+            labels[label.group(1)] = count
+            continue
+        low = _LINE.match(line)
+        if not low:
+            continue
+        branch = _BRANCH.search(low.group(2))
+        found.append((count, int(low.group(1), 16), branch.group(1) if branch else None))
+        count += 1
+    address = {index: addr for index, addr, _ in found}
+    spans = [(index - labels[target] + 1, address[labels[target]], addr) for index, addr, target in found
+             if target in labels and labels[target] <= index]
+    return sorted(spans, reverse=True)
+
+
+def instructions(obj_path: pathlib.Path, nvdisasm: str) -> list[tuple[int, int, int, int, str]]:
+    """(address, wb, rb, wait mask, text) of every instruction of the object's first cubin."""
+    lines = disassembly(obj_path, nvdisasm)
     rows = []
     for at, line in enumerate(lines[:-1]):
         low = _LINE.match(line)
@@ -69,9 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nvdisasm", default=shutil.which("nvdisasm"), help="default: nvdisasm on PATH")
     parser.add_argument("--waits-on", type=int, choices=range(6), metavar="SB", help="scoreboard 0-5")
     parser.add_argument("--after", type=lambda s: int(s, 16), default=-1, metavar="ADDR", help="hex address")
+    parser.add_argument("--loops", action="store_true", help="list the backward branches' spans instead")
     args = parser.parse_args(argv)
     if not args.nvdisasm:
         parser.error("--nvdisasm: no nvdisasm on PATH (CUDA toolkit, or pip install nvidia-cuda-nvdisasm)")
+    if args.loops:
+        for size, start, branch in loops(disassembly(args.object, args.nvdisasm)):
+            print(f"{size:6d} instructions: {start:x} .. {branch:x}")
+        return 0
     for address, wb, rb, wait, text in instructions(args.object, args.nvdisasm):
         if args.waits_on is not None and (address <= args.after or not wait >> args.waits_on & 1):
             continue
