@@ -75,8 +75,7 @@ def loops(lines: list[str]) -> list[tuple[int, int, int]]:
         branch = _BRANCH.search(low.group(2))
         found.append((count, int(low.group(1), 16), branch.group(1) if branch else None))
         count += 1
-    address = {index: addr for index, addr, _ in found}
-    spans = [(index - labels[target] + 1, address[labels[target]], addr) for index, addr, target in found
+    spans = [(index - labels[target] + 1, found[labels[target]][1], addr) for index, addr, target in found
              if target in labels and labels[target] <= index]
     return sorted(spans, reverse=True)
 
