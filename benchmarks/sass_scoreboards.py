@@ -63,19 +63,18 @@ def disassembly(obj_path: pathlib.Path, nvdisasm: str) -> list[str]:
 def loops(lines: list[str]) -> list[tuple[int, int, int]]:
     """(instructions from the target through the branch, target address, branch address) of every backward branch
     of a `disassembly`, the largest first."""
-    labels, found, count = {}, [], 0
+    labels, found = {}, []  # label -> index of the instruction after it; found[i]: (address, branch target) of i
     for line in lines:
         label = _LABEL.match(line)
         if label:
-            labels[label.group(1)] = count
+            labels[label.group(1)] = len(found)
             continue
         low = _LINE.match(line)
         if not low:
             continue
         branch = _BRANCH.search(low.group(2))
-        found.append((count, int(low.group(1), 16), branch.group(1) if branch else None))
-        count += 1
-    spans = [(index - labels[target] + 1, found[labels[target]][1], addr) for index, addr, target in found
+        found.append((int(low.group(1), 16), branch.group(1) if branch else None))
+    spans = [(index - labels[target] + 1, found[labels[target]][0], addr) for index, (addr, target) in enumerate(found)
              if target in labels and labels[target] <= index]
     return sorted(spans, reverse=True)
 
