@@ -7,7 +7,7 @@
 # FLA-backend files, which have their own stages), fused (fused-kernel GPU tests), bench (bench_forward, every row, with
 # --plot), benchmain (the two main rows, every fused configuration; BENCH_ROWS, BENCH_CONFIGS, BENCH_LIMIT), benchcov
 # (the coverage rows, tile configurations), phases (fused_phases, objects from the tarball; PHASES_ONLY narrows them to
-# "CONFIG.VARIANT CONFIG.VARIANT ..."), phasespad (the K = 60 / 64 / 100 phase variants; PAD_K names one head size),
+# "CONFIG.VARIANT CONFIG.VARIANT ..."), phasespad (the K = 60 / 64 / 100 phase variants; PAD_K names one head size, PHASES_ONLY narrows them),
 # compare (COMPARE_BASE's fused kernels against this tree's, bit for bit; benchmarks/compare_objects.py), extra
 # (experiments' objects from other trees under .gpu-cache/extra/: phases and bit comparisons; EXTRA_EXPS names some of
 # them, in order), phasesany (fused_phases --gate any on each object directory under the tarball's pany/; PANY_DIRS,
@@ -142,10 +142,11 @@ run_stage() {
         done
       done ;;
     phasespad)  # the padded head sizes' phase variants from the tarball's pad/ (K = 60, 64: tile; K = 100: tile-w8; all
-      # three: persistent-c2-head-a1); PAD_K names one head size
+      # three: persistent-c2-head-a1); PAD_K names one head size (a glob), PHASES_ONLY narrows the variants as in phases
       for dir in /tmp/precompiled/pad/k${PAD_K:-*}/; do
         kv=$(basename "$dir"); kv=${kv#k}
-        stage "phasespad_k$kv" 120 python3 benchmarks/fused_phases.py --objects "$dir" --kv "$kv"
+        stage "phasespad_k$kv" 120 python3 benchmarks/fused_phases.py --objects "$dir" --kv "$kv" \
+          ${PHASES_ONLY:+--only $PHASES_ONLY}
       done ;;
     compare)  # COMPARE_BASE's whole fused kernels against this tree's, bit for bit (h200_precompile.sh)
       compare_sets /tmp/precompiled/compare/base /tmp/precompiled/compare/head compare ;;
