@@ -73,16 +73,23 @@ def max_ctas(config, sms: int) -> int:
 
 
 def selected(only: list[str] | None, objects: str | None = None) -> list[tuple[str, str]]:
-    """(config, variant) pairs to run: those named CONFIG.VARIANT in `only`, else those the directory `objects` holds,
-    else all."""
+    """(config, variant) pairs to run: those named CONFIG.VARIANT in `only` (all if None) that the directory `objects`
+    holds (when given; a named variant it lacks is reported and skipped, so one list serves directories of several
+    head sizes)."""
     pairs = [(config_name, name) for config_name in CONFIGS for name in VARIANTS]
-    if not only:
-        return [p for p in pairs if not objects or os.path.exists(os.path.join(objects, object_name(*p)))]
-    unknown = sorted(set(only) - {f"{c}.{n}" for c, n in pairs})
-    if unknown:
-        raise SystemExit(f"--only: unknown variant(s) {unknown}; expected CONFIG.VARIANT with CONFIG in "
-                         f"{list(CONFIGS)} and VARIANT in {list(VARIANTS)}")
-    return [(c, n) for c, n in pairs if f"{c}.{n}" in only]
+    if only:
+        unknown = sorted(set(only) - {f"{c}.{n}" for c, n in pairs})
+        if unknown:
+            raise SystemExit(f"--only: unknown variant(s) {unknown}; expected CONFIG.VARIANT with CONFIG in "
+                             f"{list(CONFIGS)} and VARIANT in {list(VARIANTS)}")
+        pairs = [(c, n) for c, n in pairs if f"{c}.{n}" in only]
+    if not objects:
+        return pairs
+    present = [p for p in pairs if os.path.exists(os.path.join(objects, object_name(*p)))]
+    if only and len(present) < len(pairs):
+        missing = [f"{c}.{n}" for c, n in pairs if (c, n) not in present]
+        print(f"--only: not in {objects}, skipped: {missing}", flush=True)
+    return present
 
 
 def export(directory: str, chunk: int, only: list[str] | None, safe_gate: bool, kv: int, varlen: bool = False) -> None:

@@ -7,10 +7,10 @@
 # FLA-backend files, which have their own stages), fused (fused-kernel GPU tests), bench (bench_forward, every row, with
 # --plot), benchmain (the two main rows, every fused configuration; BENCH_ROWS, BENCH_CONFIGS, BENCH_LIMIT), benchcov
 # (the coverage rows, tile configurations), phases (fused_phases, objects from the tarball; PHASES_ONLY narrows them to
-# "CONFIG.VARIANT CONFIG.VARIANT ..."), phasespad (the K = 60 / 64 / 100 phase variants; PAD_K names one head size, PHASES_ONLY narrows them),
-# compare (COMPARE_BASE's fused kernels against this tree's, bit for bit; benchmarks/compare_objects.py), extra
-# (experiments' objects from other trees under .gpu-cache/extra/: phases and bit comparisons; EXTRA_EXPS names some of
-# them, in order), phasesany (fused_phases --gate any on each object directory under the tarball's pany/; PANY_DIRS,
+# "CONFIG.VARIANT CONFIG.VARIANT ..."), phasespad (the K = 60 / 64 / 100 phase variants; PAD_K names one head size,
+# PHASES_ONLY narrows them), compare (COMPARE_BASE's fused kernels against this tree's, bit for bit;
+# benchmarks/compare_objects.py), extra (experiments' objects from other trees under .gpu-cache/extra/: phases and bit
+# comparisons; EXTRA_EXPS names some of them, in order), phasesany (fused_phases --gate any on each object directory under the tarball's pany/; PANY_DIRS,
 # PANY_SCALES narrow it), dslfree (benchmarks/dsl_free_load.py), host (bench_host), tune (kdajit tune at the two
 # tuning-evidence shapes), fla (FLA-backend GPU tests and bench), flabench (bench_fla_backend alone), stress
 # (determinism replays), stressnoqg (replays without QG, forward's tile-w8 route), stressrest (stress but the bf16 run),
