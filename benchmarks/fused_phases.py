@@ -40,7 +40,9 @@ CONFIGS = {"tile": dict(), "tile-w8": dict(warps=8),  # persistent: 8 warps, 4 a
            "persistent-c2-head-a1": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1),
            "persistent-c2-head-a1-w8": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1, warps=8),
            "persistent-c2-head-a1-ge": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
-                                            gate_rows="early")}
+                                            gate_rows="early"),
+           "persistent-c2-head-a1-gv": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
+                                            gate_rows="early-vbuf")}
 
 
 def variant_kernel(config_name: str, phases: tuple[str, ...], chunk: int, safe_gate: bool, kv: int,

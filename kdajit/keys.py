@@ -98,9 +98,11 @@ class FusedConfig:
     8 warps; then warps 0-3 invert while warps 4-7 compute the gate rows, and warps 0-3 multiply W
     while warps 4-7 multiply U; only without QG and with loads_ahead 0).
     `gate_rows`: where a 4-warp persistent CTA with loads_ahead 1 and no QG runs the gate rows: "late" (after the
-    inverse; the next tile's q is issued after the intra phase, the rest after the gate rows) or "early" (right after
+    inverse; the next tile's q is issued after the intra phase, the rest after the gate rows), "early" (right after
     the intra phase, Kp kept in registers until the inverse frees its buffer, so every load of the next tile is
-    issued before the inverse). "late" everywhere else.
+    issued before the inverse) or "early-vbuf" (K = V: right after the intra phase without Vp, Kp into Vp's tile;
+    the next tile's q goes out after the intra phase, k, g and beta before the inverse, v once Vp, computed after the
+    inverse into the work region's Kp tile, has left its registers). "late" everywhere else.
     Non-persistent configs keep the defaults of the other fields but `warps`.
     The reference configuration is the default instance.
     """
@@ -117,18 +119,18 @@ class FusedConfig:
         if not self.persistent:
             return "tile" + warps
         ahead = f"-a{self.loads_ahead}" if self.loads_ahead else ""
-        early = "-ge" if self.gate_rows == "early" else ""
+        early = {"early": "-ge", "early-vbuf": "-gv"}.get(self.gate_rows, "")
         return f"persistent-c{self.ctas_per_sm}-{self.raster}{ahead}{warps}{early}"
 
 
 FUSED_WARPS = (4, 8)
-GATE_ROWS = ("late", "early")
+GATE_ROWS = ("late", "early", "early-vbuf")
 # The fused kernel's declared configuration space (what the full compile sweep builds, the bitwise
 # GPU tests run and the autotuner may choose from); the reference configuration comes first.
 FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
     FusedConfig(True, ctas, raster, ahead) for ahead in LOADS_AHEAD for ctas in (1, 2) for raster in RASTER_ORDERS
 ) + (FusedConfig(warps=8),) + tuple(FusedConfig(True, ctas, "head", 0, 8) for ctas in (1, 2)) + tuple(
-    FusedConfig(True, ctas, "head", 1, gate_rows="early") for ctas in (1, 2))
+    FusedConfig(True, ctas, "head", 1, gate_rows=early) for early in GATE_ROWS[1:] for ctas in (1, 2))
 
 
 @dataclass(frozen=True)

@@ -199,8 +199,10 @@ class FusedForward:
             return False
         if cfg.warps == 8 and (key.output_qg or cfg.loads_ahead):  # Kp takes q's buffer; no early loads
             return False
-        if cfg.gate_rows == "early" and (key.output_qg or not cfg.loads_ahead or cfg.warps != 4):
+        if cfg.gate_rows != "late" and (key.output_qg or not cfg.loads_ahead or cfg.warps != 4):
             return False  # QG's gate rows read q; without a next tile in flight nothing moves earlier
+        if cfg.gate_rows == "early-vbuf" and padded_head_dim(key.head_k) != padded_head_dim(key.head_v):
+            return False  # Kp and Vp trade tiles, which needs them of one layout
         if not isinstance(cfg.ctas_per_sm, int) or cfg.ctas_per_sm < 1:
             return False
         # A persistent grid is sized for ctas_per_sm resident CTAs, so they must fit; one tile per CTA
@@ -349,18 +351,20 @@ class FusedForward:
         """Issue a tile's loads without waiting: q, k, g rows < rows into shared memory (`issue_tile_loads`, by
         `loads_of`'s path; `mbar` = (the loads' mbarrier, the TMA tiles), either None where the path has none), v rows
         into rV, this thread's beta (unconverted) into rBeta. `parts`: "all", "q" (only q: with loads_ahead 1, issued
-        first) or "rest" (all but q). Phase-variant kernels without "loads" issue no copies (`issue_tile_loads`'
-        `loads`)."""
+        first), "rest" (all but q), or "rest" in two calls: "keys" (k, g, beta) then "values" (v). Phase-variant
+        kernels without "loads" issue no copies (`issue_tile_loads`' `loads`)."""
         mQ, mK, mV, mG, mBeta = tensors[:5]
         sQ, sK, sG = smem[:3]
         copy_qk, copy_g = ops[1], ops[2]
         tidx, _, _ = cute.arch.thread_idx()
         loads = cutlass.const_expr("loads" in self.phases)
-        issue_tile_loads(self.load_path, mbar[0], mbar[1], (copy_qk, copy_g), (mQ, mK, mG), (sQ, sK, sG), batch, head,
-                         row0, rows, tidx, self.config.warps, parts, loads)
-        if cutlass.const_expr(loads and parts != "q"):
-            if cutlass.const_expr(self.config.warps == 4):  # 8 warps: group 1 loads v in two_group_tile
-                self.load_v_rows(mV, batch, head, row0, rows, tidx, rV)
+        if cutlass.const_expr(parts != "values"):
+            issue_tile_loads(self.load_path, mbar[0], mbar[1], (copy_qk, copy_g), (mQ, mK, mG), (sQ, sK, sG), batch,
+                             head, row0, rows, tidx, self.config.warps, "rest" if parts == "keys" else parts, loads)
+        # 8 warps: group 1 loads v in two_group_tile
+        if cutlass.const_expr(loads and parts in ("all", "rest", "values") and self.config.warps == 4):
+            self.load_v_rows(mV, batch, head, row0, rows, tidx, rV)
+        if cutlass.const_expr(loads and parts in ("all", "rest", "keys")):
             # The raw value only: converting it here would wait for the load, and the barrier after
             # the gate rows would make every warp wait with it.
             rBeta[0] = mBeta[batch, row0 + min(tidx % self.chunk, rows - 1), head]
@@ -471,14 +475,19 @@ class FusedForward:
         With `next_tile` = (valid, batch, head, row0, rows), the next tile's loads are issued as soon as their buffers
         are free. Without QG: with `gate_rows` "early" (`FusedConfig`) the gate rows run right after the intra phase
         (Kp kept in registers until the inverse frees the work region, `store_kp_rows`), and every load follows them,
-        before the inverse; with "late", q goes out after the intra phase and the rest after the gate rows of phase
-        4. With QG (the gate rows read q) every load goes out after the gate rows of phase 4."""
+        before the inverse; with "early-vbuf" q goes out after the intra phase, then the gate rows put Kp into Vp's
+        tile and KG out, and k, g and beta go out before the inverse; Vp (from v in registers) follows the inverse
+        into the work region's Kp tile, and v goes out after it; with "late", q goes out after the intra phase and
+        the rest after the gate rows of phase 4. With QG (the gate rows read q) every load goes out after the gate
+        rows of phase 4."""
         mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens = tensors
         sQ, sK, sG, sBeta, sL, sX00, sX, sA, sKp, sVp, sOutW, sOutU = smem
         intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma = ops
         C = self.chunk
         ahead = cutlass.const_expr(next_tile is not None)
         gates_early = cutlass.const_expr(ahead and not self.output_qg and self.config.gate_rows == "early")
+        # Kp and Vp trade tiles (`can_implement`: one layout): Kp waits in Vp's tile, Vp in the work region's
+        kp_in_vp = cutlass.const_expr(ahead and not self.output_qg and self.config.gate_rows == "early-vbuf")
         q_early = cutlass.const_expr(ahead and not self.output_qg and not gates_early)
         recompute = cutlass.const_expr("recompute" in self.phases)
         tidx, warp_idx, lane = self.loads_landed(sBeta, rBeta, valid_rows, *landed)
@@ -501,6 +510,13 @@ class FusedForward:
             cute.arch.sync_threads()  # q, k, g, beta and rV are consumed
             if next_tile[0]:
                 self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "all", landed[0])
+        if cutlass.const_expr(kp_in_vp):
+            if cutlass.const_expr(recompute):
+                self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sVp, sVp,
+                               batch, head, row0, valid_rows, tidx, "gates")
+            cute.arch.sync_threads()  # k, g and beta are consumed (rV waits for the inverse)
+            if next_tile[0]:
+                self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "keys", landed[0])
 
         # 3. Inverse in smem; Akk rows < valid_rows -> global.
         if cutlass.const_expr("inverse" in self.phases):
@@ -516,15 +532,19 @@ class FusedForward:
             store_akk(rA, sA, valid_rows, tidx, GROUP_THREADS)
             if cutlass.const_expr(gates_early):
                 self.store_kp_rows(rKp, sKp, tidx)
+            elif cutlass.const_expr(kp_in_vp):
+                self.value_rows(rV, sBeta, sKp, valid_rows, tidx)
             else:
                 self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
                                batch, head, row0, valid_rows, tidx)
         cute.arch.sync_threads()  # the A tile, Kp and Vp complete; q, k, g, beta and rV are consumed
         if cutlass.const_expr(ahead and not gates_early):
             if next_tile[0]:
-                self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "rest" if q_early else "all",
-                               landed[0])
+                self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta,
+                               "values" if kp_in_vp else ("rest" if q_early else "all"), landed[0])
         if cutlass.const_expr(recompute):
+            if cutlass.const_expr(kp_in_vp):  # W staged in Kp's tile, U in Vp's, as always
+                sKp, sVp, sOutW, sOutU = sVp, sKp, sOutU, sOutW
             products_w_u(wu_mma, sA, sKp, sVp, sOutW, sOutU, chunk_rows(mW, batch, head, row0, C),
                          chunk_rows(mU, batch, head, row0, C), valid_rows, tidx)
 
@@ -571,8 +591,9 @@ class FusedForward:
         """`gate_row` for this thread's rows t // (K / 8) + p (128 / (K / 8)), columns 8 (t % (K / 8)) ..,
         operands from smem, in a runtime loop of GATE_ROWS_UNROLL rows per iteration; then Vp from rV (`load_v_rows`'
         rows, in registers, so an unrolled loop). `parts`: "all"; "operands" (Kp, Vp, QG: KG is left to
-        `parts="keys"`, on other warps); "keys" (KG only). `rKp` (`row_vectors(K)`): Kp stays there instead of going
-        to sKp (`store_kp_rows` stores it); the loop is then unrolled, with Vp in it when K == V."""
+        `parts="keys"`, on other warps); "keys" (KG only); "gates" (Kp, KG: Vp is left to `value_rows`). `rKp`
+        (`row_vectors(K)`): Kp stays there instead of going to sKp (`store_kp_rows` stores it); the loop is then
+        unrolled, with Vp in it when K == V."""
         f32, io = cutlass.Float32, self.io
         col_tile = self.col_tile(self.head_k, tidx)
         dQG = dKG  # never written without QG (mQG is then a small dummy)
@@ -593,10 +614,16 @@ class FusedForward:
             # unrolled. Each element's arithmetic is gate_row's either way.
             for p in cutlass.range(self.rows_per_thread(self.head_k), unroll=GATE_ROWS_UNROLL):
                 self.gate_rows_at(p, operands, None, None)
-        if cutlass.const_expr(parts != "keys" and (rKp is None or not same_rows)):
-            for p in cutlass.range_constexpr(cute.size(rV, mode=[0])):
-                row = self.thread_row(self.head_v, tidx, p)
-                value_row(rV[p, None], sBeta[row], sVp, row, valid_rows, self.col_tile(self.head_v, tidx))
+        if cutlass.const_expr(parts not in ("keys", "gates") and (rKp is None or not same_rows)):
+            self.value_rows(rV, sBeta, sVp, valid_rows, tidx)
+
+    @cute.jit
+    def value_rows(self, rV: cute.Tensor, sBeta: cute.Tensor, sVp: cute.Tensor, valid_rows: cutlass.Int32,
+                   tidx: cutlass.Int32):
+        """Vp (`value_row`) of this thread's value rows (`load_v_rows`' rows, in rV) -> sVp, unrolled."""
+        for p in cutlass.range_constexpr(cute.size(rV, mode=[0])):
+            row = self.thread_row(self.head_v, tidx, p)
+            value_row(rV[p, None], sBeta[row], sVp, row, valid_rows, self.col_tile(self.head_v, tidx))
 
     @cute.jit
     def gate_rows_at(self, p, operands: cutlass.Constexpr, rVrow: cute.Tensor, rKpRow: cute.Tensor):

@@ -107,10 +107,15 @@ def test_fused_refuses_configs_that_do_not_fit():
     assert not cls.can_implement(spec.fused_key(FusedConfig(False, 1, "chunk")))  # not persistent: defaults
     assert not cls.can_implement(spec.fused_key(FusedConfig(False, loads_ahead=1)))  # no next tile to load
     assert not cls.can_implement(spec.fused_key(FusedConfig(True, 2, "chunk", 2)))  # loads_ahead is 0 or 1
-    early = FusedConfig(True, 2, "head", 1, gate_rows="early")
-    assert cls.can_implement(spec.fused_key(early))
-    assert not cls.can_implement(dataclasses.replace(spec, output_qg=True).fused_key(early))  # QG's rows read q
-    assert not cls.can_implement(spec.fused_key(dataclasses.replace(early, loads_ahead=0)))  # nothing to move
+    for gate_rows in ("early", "early-vbuf"):
+        early = FusedConfig(True, 2, "head", 1, gate_rows=gate_rows)
+        assert cls.can_implement(spec.fused_key(early))
+        assert not cls.can_implement(dataclasses.replace(spec, output_qg=True).fused_key(early))  # QG's rows read q
+        assert not cls.can_implement(spec.fused_key(dataclasses.replace(early, loads_ahead=0)))  # nothing to move
+    # Kp and Vp trade tiles only where they have one layout
+    k_ne_v = dataclasses.replace(spec, head_v=64)
+    assert cls.can_implement(k_ne_v.fused_key(dataclasses.replace(early, gate_rows="early")))
+    assert not cls.can_implement(k_ne_v.fused_key(early))
     assert not cls.can_implement(spec.fused_key(dataclasses.replace(early, gate_rows="first")))
     assert not cls.can_implement(dataclasses.replace(spec.fused_key(), arch="sm_80"))
     largest = ForwardSpec("bf16", "cu32", 256, 256, 64, False, "sm_90a")  # 208,896 B: one CTA per SM
