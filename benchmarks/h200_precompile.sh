@@ -33,14 +33,18 @@ python benchmarks/fused_phases.py --export .gpu-cache/phases
 python benchmarks/fused_phases.py --export .gpu-cache/pany/head --gate any --only tile-w8.all tile-w8.loads+intra \
   tile-w8.compute-only tile.all
 # the padded head sizes' phase variants (h200_session.sh phasespad): K = 60 and 64 in the 4-warp tile, K = 100 in
-# tile-w8 (forward's configurations there until 0959a4a), and all three in persistent-c2-head-a1 (since then)
+# tile-w8 (forward's configurations there until 0959a4a), and all three in persistent-c2-head-a1 (since then), beside
+# its gate_rows="early-vbuf" form (a1-gv: whole and computing alone)
 variant_words() { printf "$1.%s " "${@:2}"; }  # variant_words CONFIG VARIANT...: fused_phases --only words
 phase_variants() { variant_words "$1" loads loads+intra loads+intra+inverse all compute-only; }
 a1=persistent-c2-head-a1
-python benchmarks/fused_phases.py --export .gpu-cache/pad/k60 --kv 60 --only $(phase_variants tile) $(phase_variants $a1)
-python benchmarks/fused_phases.py --export .gpu-cache/pad/k64 --kv 64 --only $(phase_variants tile) $(phase_variants $a1)
+gv=$(variant_words $a1-gv all compute-only)
+python benchmarks/fused_phases.py --export .gpu-cache/pad/k60 --kv 60 --only $(phase_variants tile) \
+  $(phase_variants $a1) $gv
+python benchmarks/fused_phases.py --export .gpu-cache/pad/k64 --kv 64 --only $(phase_variants tile) \
+  $(phase_variants $a1) $gv
 python benchmarks/fused_phases.py --export .gpu-cache/pad/k100 --kv 100 --only $(phase_variants tile-w8) \
-  $(phase_variants $a1)
+  $(phase_variants $a1) $gv
 # COMPARE_BASE=<commit>: that commit's whole fused kernels beside this tree's (h200_session.sh compare), for a change
 # meant to keep the bits whose PTX differs; COMPARE_SETS lists the sets K-GATE (both 4- and 8-warp tiles each)
 # Other commits' trees (COMPARE_BASE, EXTRA_TREES): `checkout_tree REV` sets $tree to a worktree of REV, removed when
@@ -121,6 +125,10 @@ precompile --only fused_forward --io bf16 --beta bf16,fp32 --kv 128 --varlen den
 precompile --only fused_forward --io fp16 --beta fp16 --kv 128 --varlen dense,cu32,cu64 "${ge_words[@]}"
 cov --only fused_forward --io bf16 --beta bf16 --kv 64 --varlen dense,cu32 "${ge_words[@]}"
 cov --only fused_forward --io fp16 --beta fp16 --kv 64 --varlen dense,cu32 "${ge_words[@]}"
+# ... and a1-gv (Kp in Vp's tile) of the K = V = 128 calls, the same way
+gv_words=(--qg off --config "persistent=true;ctas_per_sm=2;raster=head;loads_ahead=1;gate_rows=early-vbuf")
+precompile --only fused_forward --io bf16 --beta bf16,fp32 --kv 128 --varlen dense,cu32,cu64 "${gv_words[@]}"
+precompile --only fused_forward --io fp16 --beta fp16 --kv 128 --varlen dense,cu32,cu64 "${gv_words[@]}"
 # tests/test_gpu_coverage.py's padded head sizes (K = 60, 100; K != V: 100 x 60, 100 x 128, 64 x 60, 4 x 252,
 # 252 x 4), the configurations of its other cases
 for qg_config in "on --config $persistent_c1" "off --config $tile_w8"; do
