@@ -28,17 +28,21 @@ sizes load differently (TMA boxes; cp.async pieces) and rank configurations diff
 K = 64, +3% at 60 and 100 on the H100). At K = V = 64 the gate rows also go early (gate_rows="early"): 0.540 ms
 against 0.579, twice (H100, 2026-12-06; not yet timed on an H200); at K = V = 128 they do not: 0.950 against 0.925
 (H100, 2026-12-06). With numerics2 (e1868f6) the same ranking, H100: a1-ge 0.539 against 0.586 at 64, 0.955 against
-0.908 at 128, 1.028 against 0.997 at 100, 0.762 against 0.622 at 60 (2026-12-06). K != V keeps its FUSED entry (a
-persistent grid of 2 CTAs per SM does not fit every K != V pair).
+0.908 at 128, 1.028 against 0.997 at 100, 0.762 against 0.622 at 60 (2026-12-06). Where K = V pads to 128 (100, ...)
+Kp waits in Vp's tile (gate_rows="early-vbuf", a1-gv): 0.954 ms against 0.981-0.985 at K = V = 100, twice (H100,
+2026-12-07); not at 128 (0.939 against 0.930, H100: near its memory floor; not yet timed on an H200) or 60 (0.623
+against 0.621). K != V keeps its FUSED entry (a persistent grid of 2 CTAs per SM does not fit every K != V pair).
 """
 
-# Entries share this dict (untuned_fields hands it out unchanged); one that differs is a dict of its own (K = 64's).
+# Entries share this dict (untuned_fields hands it out unchanged); one that differs is a dict of its own (K = 64's,
+# K = 100's).
 _PERSISTENT_C2_HEAD_A1 = {"persistent": True, "ctas_per_sm": 2, "raster": "head", "loads_ahead": 1}
 
 FUSED = {(64, 128, False): {"warps": 8}, (64, 256, False): {"warps": 8}, (64, 256, True): None}
 SQUARE = {(64, 64, False): {**_PERSISTENT_C2_HEAD_A1, "gate_rows": "early"},
           (64, 128, False): _PERSISTENT_C2_HEAD_A1}
-SQUARE_PADDED = {(64, 64, False): _PERSISTENT_C2_HEAD_A1, (64, 128, False): _PERSISTENT_C2_HEAD_A1}
+SQUARE_PADDED = {(64, 64, False): _PERSISTENT_C2_HEAD_A1,
+                 (64, 128, False): {**_PERSISTENT_C2_HEAD_A1, "gate_rows": "early-vbuf"}}
 
 
 def untuned_fields(chunk: int, head_k: int, head_v: int, tile_head_k: int, output_qg: bool) -> dict | None:
