@@ -57,7 +57,9 @@ tile has finished reading them: q right after the intra phase (when QG is off; w
 v (registers) and beta (a register, written to shared memory once the tile's loads have landed) right after the gate
 rows, so they stream in while W and U are multiplied and stored (`FusedConfig.gate_rows` "early", without QG: the gate
 rows right after the intra phase, Kp in registers until the inverse frees its buffer, and every load of the next tile
-before the inverse). No buffer is added: a K = 256 tile that leaves no room for a second stage still works, it only
+before the inverse; "early-vbuf", without QG and at K = V: Kp and KG right after the intra phase, Kp into Vp's tile,
+then k, g and beta before the inverse; Vp after the inverse into the work region's Kp tile, then v). No buffer is
+added: a K = 256 tile that leaves no room for a second stage still works, it only
 overlaps less.
 Sizes are template parameters (chunk, head_k, head_v from the key); the device functions currently
 implement chunk 64 and 32 and K, V of keys.HEAD_DIMS sizes or padded ones (`can_implement`; K != V computes Vp
