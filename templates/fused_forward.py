@@ -488,7 +488,7 @@ class FusedForward:
         C = self.chunk
         ahead = cutlass.const_expr(next_tile is not None)
         gates_early = cutlass.const_expr(ahead and not self.output_qg and self.config.gate_rows == "early")
-        # Kp and Vp trade tiles (`can_implement`: one layout): Kp waits in Vp's tile, Vp in the work region's
+        # Kp and Vp trade tiles (`can_implement`: one layout): Kp waits in Vp's tile, Vp in the work region's Kp tile
         kp_in_vp = cutlass.const_expr(ahead and not self.output_qg and self.config.gate_rows == "early-vbuf")
         q_early = cutlass.const_expr(ahead and not self.output_qg and not gates_early)
         recompute = cutlass.const_expr("recompute" in self.phases)
