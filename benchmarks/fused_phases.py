@@ -35,6 +35,15 @@ VARIANTS = {  # name: phases kept
     "compute-only": ("intra", "inverse", "recompute"),
     "intra+inverse": ("intra", "inverse"),
 }
+# Probes: exported and timed only where named (`--only`) or present in an `--objects` directory, so the default export
+# (h200_precompile.sh) and the phases stage keep their size.
+PROBE_VARIANTS = {  # each compute phase alone and in pairs (no loads): a decomposition of compute-only
+    "intra": ("intra",),
+    "inverse": ("inverse",),
+    "recompute": ("recompute",),
+    "intra+recompute": ("intra", "recompute"),
+    "inverse+recompute": ("inverse", "recompute"),
+}
 CONFIGS = {"tile": dict(), "tile-w8": dict(warps=8),  # persistent: 8 warps, 4 and 8 warps with early loads
            "persistent-c2-head-w8": dict(persistent=True, ctas_per_sm=2, raster="head", warps=8),
            "persistent-c2-head-a1": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1),
@@ -43,6 +52,10 @@ CONFIGS = {"tile": dict(), "tile-w8": dict(warps=8),  # persistent: 8 warps, 4 a
                                             gate_rows="early"),
            "persistent-c2-head-a1-gv": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
                                             gate_rows="early-vbuf")}
+# one CTA per SM: against c2, how much of the time a second CTA's warps hide (latency) or share (the SM's pipes)
+PROBE_CONFIGS = {"persistent-c1-head-a1": dict(persistent=True, ctas_per_sm=1, raster="head", loads_ahead=1)}
+ALL_VARIANTS = {**VARIANTS, **PROBE_VARIANTS}
+ALL_CONFIGS = {**CONFIGS, **PROBE_CONFIGS}
 
 
 def variant_kernel(config_name: str, phases: tuple[str, ...], chunk: int, safe_gate: bool, kv: int,
@@ -51,7 +64,7 @@ def variant_kernel(config_name: str, phases: tuple[str, ...], chunk: int, safe_g
     from kdajit.templates.fused_forward import FusedForward
 
     spec = ForwardSpec("bf16", "cu32" if varlen else "dense", kv, kv, chunk, False, "sm_90a", safe_gate=safe_gate)
-    key = spec.fused_key(FusedConfig(**CONFIGS[config_name]))
+    key = spec.fused_key(FusedConfig(**ALL_CONFIGS[config_name]))
     kernel = FusedForward(key)
     kernel.phases = phases
     return key, kernel
@@ -66,7 +79,7 @@ def config_of(path: str):
     """The FusedConfig of an exported variant's file (`object_name`)."""
     from kdajit.keys import FusedConfig
 
-    return FusedConfig(**CONFIGS[os.path.basename(path).split(".")[0]])
+    return FusedConfig(**ALL_CONFIGS[os.path.basename(path).split(".")[0]])
 
 
 def max_ctas(config, sms: int) -> int:
@@ -75,16 +88,18 @@ def max_ctas(config, sms: int) -> int:
 
 
 def selected(only: list[str] | None, objects: str | None = None) -> list[tuple[str, str]]:
-    """(config, variant) pairs to run: those named CONFIG.VARIANT in `only` (all if None) that the directory `objects`
-    holds (when given; a named variant it lacks is reported and skipped, so one list serves directories of several
-    head sizes)."""
-    pairs = [(config_name, name) for config_name in CONFIGS for name in VARIANTS]
+    """(config, variant) pairs to run: those named CONFIG.VARIANT in `only` (if None: CONFIGS x VARIANTS, and the
+    probes too where `objects` is given) that the directory `objects` holds (when given; a named variant it lacks is
+    reported and skipped, so one list serves directories of several head sizes)."""
+    every = [(config_name, name) for config_name in ALL_CONFIGS for name in ALL_VARIANTS]
     if only:
-        unknown = sorted(set(only) - {f"{c}.{n}" for c, n in pairs})
+        unknown = sorted(set(only) - {f"{c}.{n}" for c, n in every})
         if unknown:
             raise SystemExit(f"--only: unknown variant(s) {unknown}; expected CONFIG.VARIANT with CONFIG in "
-                             f"{list(CONFIGS)} and VARIANT in {list(VARIANTS)}")
-        pairs = [(c, n) for c, n in pairs if f"{c}.{n}" in only]
+                             f"{list(ALL_CONFIGS)} and VARIANT in {list(ALL_VARIANTS)}")
+        pairs = [(c, n) for c, n in every if f"{c}.{n}" in only]
+    else:
+        pairs = every if objects else [(c, n) for c in CONFIGS for n in VARIANTS]
     if not objects:
         return pairs
     present = [p for p in pairs if os.path.exists(os.path.join(objects, object_name(*p)))]
@@ -99,7 +114,7 @@ def export(directory: str, chunk: int, only: list[str] | None, safe_gate: bool, 
 
     os.makedirs(directory, exist_ok=True)
     for config_name, name in selected(only):
-        key, kernel = variant_kernel(config_name, VARIANTS[name], chunk, safe_gate, kv, varlen)
+        key, kernel = variant_kernel(config_name, ALL_VARIANTS[name], chunk, safe_gate, kv, varlen)
         if not kernel.can_implement(key):  # e.g. a persistent configuration at a size whose CTAs do not fit
             print(f"{config_name} {name}: not buildable at this size, skipped", flush=True)
             continue
@@ -135,8 +150,8 @@ def time_variants(objects: str | None, chunk: int, only: list[str] | None, profi
     inputs = {n: x[n] for n in ("q", "k", "v", "gk", "beta")}
     results = []
     for config_name, name in selected(only, objects):
-        grid_bound = max_ctas(FusedConfig(**CONFIGS[config_name]), sms)
-        phases = VARIANTS[name]
+        grid_bound = max_ctas(FusedConfig(**ALL_CONFIGS[config_name]), sms)
+        phases = ALL_VARIANTS[name]
         if objects:
             fn = compiler.load_object(os.path.join(objects, object_name(config_name, name)))
         else:
