@@ -121,15 +121,16 @@ precompile --only fused_forward --gate any --io bf16 --beta bf16 --kv 100 --varl
 # ... and the early gate rows of the same K = V = 128 calls (a1-ge; a1-gv, Kp in Vp's tile) and K = V = 64 calls
 # (a1-ge): the untuned configuration there if an H200 ranks it first (untuned_configs.SQUARE; outside the toolchain
 # fingerprint, so a flip needs no new tarball)
-early_words() { echo --qg off --config "persistent=true;ctas_per_sm=2;raster=head;loads_ahead=1;gate_rows=$1"; }
+persistent_c2_a1="persistent=true;ctas_per_sm=2;raster=head;loads_ahead=1"
 for gate_rows in early early-vbuf; do
-  read -r -a words <<< "$(early_words "$gate_rows")"
-  precompile --only fused_forward --io bf16 --beta bf16,fp32 --kv 128 --varlen dense,cu32,cu64 "${words[@]}"
-  precompile --only fused_forward --io fp16 --beta fp16 --kv 128 --varlen dense,cu32,cu64 "${words[@]}"
+  early="$persistent_c2_a1;gate_rows=$gate_rows"
+  precompile --only fused_forward --io bf16 --beta bf16,fp32 --kv 128 --varlen dense,cu32,cu64 --qg off \
+    --config "$early"
+  precompile --only fused_forward --io fp16 --beta fp16 --kv 128 --varlen dense,cu32,cu64 --qg off --config "$early"
 done
-read -r -a ge_words <<< "$(early_words early)"
-cov --only fused_forward --io bf16 --beta bf16 --kv 64 --varlen dense,cu32 "${ge_words[@]}"
-cov --only fused_forward --io fp16 --beta fp16 --kv 64 --varlen dense,cu32 "${ge_words[@]}"
+early="$persistent_c2_a1;gate_rows=early"
+cov --only fused_forward --io bf16 --beta bf16 --kv 64 --varlen dense,cu32 --qg off --config "$early"
+cov --only fused_forward --io fp16 --beta fp16 --kv 64 --varlen dense,cu32 --qg off --config "$early"
 # tests/test_gpu_coverage.py's padded head sizes (K = 60, 100; K != V: 100 x 60, 100 x 128, 64 x 60, 4 x 252,
 # 252 x 4), the configurations of its other cases
 for qg_config in "on --config $persistent_c1" "off --config $tile_w8"; do
