@@ -51,7 +51,9 @@ CONFIGS = {"tile": dict(), "tile-w8": dict(warps=8),  # persistent: 8 warps, 4 a
            "persistent-c2-head-a1-ge": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
                                             gate_rows="early"),
            "persistent-c2-head-a1-gv": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
-                                            gate_rows="early-vbuf")}
+                                            gate_rows="early-vbuf"),
+           "persistent-c2-head-a1-r1": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
+                                            intra_unroll=1)}
 # one CTA per SM: against c2, how much of the time a second CTA's warps hide (latency) or share (the SM's pipes)
 PROBE_CONFIGS = {"persistent-c1-head-a1": dict(persistent=True, ctas_per_sm=1, raster="head", loads_ahead=1)}
 ALL_VARIANTS = {**VARIANTS, **PROBE_VARIANTS}

@@ -103,6 +103,10 @@ class FusedConfig:
     issued before the inverse) or "early-vbuf" (K = V: right after the intra phase without Vp, Kp into Vp's tile;
     the next tile's q goes out after the intra phase, k, g and beta before the inverse, v once Vp, computed after the
     inverse into the work region's Kp tile, has left its registers). "late" everywhere else.
+    `intra_unroll`: head-dim steps per iteration of the intra blocks' mainloop in a persistent 4-warp CTA: 2 (the
+    standalone intra kernel's and the other configurations' choice) or 1 (half the mainloop code: the persistent
+    kernel's tile loop is large enough that the instruction cache feels its size; docs/performance.md, twenty-third
+    session). The same operations in the same order either way.
     Non-persistent configs keep the defaults of the other fields but `warps`.
     The reference configuration is the default instance.
     """
@@ -113,6 +117,7 @@ class FusedConfig:
     loads_ahead: int = 0
     warps: int = 4
     gate_rows: str = "late"
+    intra_unroll: int = 2
 
     def slug(self) -> str:
         warps = f"-w{self.warps}" if self.warps != 4 else ""
@@ -120,17 +125,20 @@ class FusedConfig:
             return "tile" + warps
         ahead = f"-a{self.loads_ahead}" if self.loads_ahead else ""
         early = {"early": "-ge", "early-vbuf": "-gv"}.get(self.gate_rows, "")
-        return f"persistent-c{self.ctas_per_sm}-{self.raster}{ahead}{warps}{early}"
+        rolled = f"-r{self.intra_unroll}" if self.intra_unroll != 2 else ""
+        return f"persistent-c{self.ctas_per_sm}-{self.raster}{ahead}{warps}{early}{rolled}"
 
 
 FUSED_WARPS = (4, 8)
 GATE_ROWS = ("late", "early", "early-vbuf")
+INTRA_UNROLLS = (2, 1)
 # The fused kernel's declared configuration space (what the full compile sweep builds, the bitwise
 # GPU tests run and the autotuner may choose from); the reference configuration comes first.
 FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
     FusedConfig(True, ctas, raster, ahead) for ahead in LOADS_AHEAD for ctas in (1, 2) for raster in RASTER_ORDERS
 ) + (FusedConfig(warps=8),) + tuple(FusedConfig(True, ctas, "head", 0, 8) for ctas in (1, 2)) + tuple(
-    FusedConfig(True, ctas, "head", 1, gate_rows=early) for early in GATE_ROWS[1:] for ctas in (1, 2))
+    FusedConfig(True, ctas, "head", 1, gate_rows=early) for early in GATE_ROWS[1:] for ctas in (1, 2)) + tuple(
+    FusedConfig(True, ctas, "head", 1, gate_rows=rows, intra_unroll=1) for rows in GATE_ROWS for ctas in (1, 2))
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
-from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, GATE_ROWS, LOADS_AHEAD, RASTER_ORDERS,
+from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, GATE_ROWS, INTRA_UNROLLS, LOADS_AHEAD, RASTER_ORDERS,
                          VARLEN_MODES, FusedForwardKey, head_dim_supported, padded_head_dim)
 from kdajit.templates.common import (DTYPES, IO_TYPES, SEQ_CURSOR_START, chunk_coords, chunk_rows, fake_arguments,
                                     grid_shape, make_struct, make_tf32_mma, sync_group, walk_coords)
@@ -195,7 +195,7 @@ class FusedForward:
                 and isinstance(key.output_qg, bool) and isinstance(key.safe_gate, bool))
         if (not fits or not isinstance(cfg.persistent, bool) or cfg.raster not in RASTER_ORDERS
                 or cfg.loads_ahead not in LOADS_AHEAD or cfg.warps not in FUSED_WARPS
-                or cfg.gate_rows not in GATE_ROWS):
+                or cfg.gate_rows not in GATE_ROWS or cfg.intra_unroll not in INTRA_UNROLLS):
             return False
         if not cfg.persistent and cfg != type(cfg)(warps=cfg.warps):  # one tile per CTA: the others do not apply
             return False
@@ -205,6 +205,8 @@ class FusedForward:
             return False  # QG's gate rows read q; without a next tile in flight nothing moves earlier
         if cfg.gate_rows == "early-vbuf" and padded_head_dim(key.head_k) != padded_head_dim(key.head_v):
             return False  # Kp and Vp trade tiles, which needs them of one layout
+        if cfg.intra_unroll != 2 and cfg.warps != 4:
+            return False  # the 8-warp schedule's mainloop runs one step per iteration already
         if not isinstance(cfg.ctas_per_sm, int) or cfg.ctas_per_sm < 1:
             return False
         # A persistent grid is sized for ctas_per_sm resident CTAs, so they must fit; one tile per CTA
@@ -497,7 +499,8 @@ class FusedForward:
         # 2. Intra: Aqk -> global, L -> smem; L rows >= valid_rows := +0.
         if cutlass.const_expr("intra" in self.phases):
             intra_tile(intra_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, C), sL, warp_idx,
-                       lane, valid_rows, scale, self.key.head_k, warp_schedule(4, self.safe_gate, C), self.safe_gate)
+                       lane, valid_rows, scale, self.key.head_k, warp_schedule(4, self.safe_gate, C), self.safe_gate,
+                       self.config.intra_unroll)
             zero_rows_from(l_copy, sL, tidx, valid_rows)
         cute.arch.sync_threads()
         if cutlass.const_expr(q_early):

@@ -434,7 +434,8 @@ def beta_row(value, row: cutlass.Int32, valid_rows: cutlass.Int32) -> cutlass.Fl
 def intra_tile(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: cute.Tensor,
                sBeta: cute.Tensor, dAqk: cute.Tensor, dL: cute.Tensor, warp_idx: cutlass.Int32,
                lane: cutlass.Int32, valid_rows: cutlass.Int32, scale: cutlass.Float32, head_k: cutlass.Constexpr,
-               schedule: cutlass.Constexpr = WARP_GROUPS, safe_gate: cutlass.Constexpr = True):
+               schedule: cutlass.Constexpr = WARP_GROUPS, safe_gate: cutlass.Constexpr = True,
+               unroll: cutlass.Constexpr = 0):
     """All blocks of one tile, warp w running its static list schedule[w] (`warp_schedule`).
 
     dAqk, dL: [chunk, chunk] destinations (global or shared) of Aqk (io dtype) and L (fp32); rows
@@ -442,7 +443,8 @@ def intra_tile(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: c
     `summed_cols(head_k)` columns only. `safe_gate`: diagonal blocks as TF32 products of the row block's
     factors, as the off-diagonal blocks (True), or, for any gate (False), as 3xTF32 products of shifted factors
     (DIAG_SHIFT) in the rows within FAST_SPREAD and fp32 sums of per-pair exponentials in the others
-    (`exact_rows`). The caller synchronizes before and after.
+    (`exact_rows`). `unroll`: head-dim steps per mainloop iteration (0: the schedule's MAINLOOP_UNROLL; the
+    same operations in the same order either way). The caller synchronizes before and after.
     """
     cols = summed_cols(head_k)
     if cutlass.const_expr(cols < cute.size(sQ, mode=[1])):
@@ -459,7 +461,8 @@ def intra_tile(tiled_mma: cute.TiledMma, sQ: cute.Tensor, sK: cute.Tensor, sG: c
                           for n in range(width)]
             if SUB * a < valid_rows:
                 row_block_group(tiled_mma, sQ, sK, sG, sBeta, dAqk, dL, lane, valid_rows, scale,
-                                a, diagonal, col_blocks, MAINLOOP_UNROLL[schedule], exact and EXACT_UNROLL[schedule])
+                                a, diagonal, col_blocks, unroll or MAINLOOP_UNROLL[schedule],
+                                exact and EXACT_UNROLL[schedule])
 
 
 def summed_cols(head_k: int) -> int:

@@ -117,6 +117,11 @@ def test_fused_refuses_configs_that_do_not_fit():
     assert cls.can_implement(k_ne_v.fused_key(dataclasses.replace(early, gate_rows="early")))
     assert not cls.can_implement(k_ne_v.fused_key(early))
     assert not cls.can_implement(spec.fused_key(dataclasses.replace(early, gate_rows="first")))
+    rolled = FusedConfig(True, 2, "head", 1, intra_unroll=1)  # the intra mainloop one head-dim step per iteration
+    assert cls.can_implement(spec.fused_key(rolled))
+    assert not cls.can_implement(spec.fused_key(dataclasses.replace(rolled, intra_unroll=4)))  # 2 or 1
+    assert not cls.can_implement(spec.fused_key(FusedConfig(intra_unroll=1)))  # one tile per CTA: the defaults
+    assert not cls.can_implement(spec.fused_key(FusedConfig(True, 2, "head", 0, 8, intra_unroll=1)))  # 8 warps: 1
     assert not cls.can_implement(dataclasses.replace(spec.fused_key(), arch="sm_80"))
     largest = ForwardSpec("bf16", "cu32", 256, 256, 64, False, "sm_90a")  # 208,896 B: one CTA per SM
     assert not cls.can_implement(largest.fused_key(FusedConfig(True, 2, "head", 1)))
