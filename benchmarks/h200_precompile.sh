@@ -118,15 +118,16 @@ precompile --only fused_forward --io fp16 --beta fp16 --kv 128 --varlen dense,cu
 cov --only fused_forward --io bf16 --beta bf16 --kv 64,60,100 --varlen dense,cu32 --qg off
 cov --only fused_forward --io fp16 --beta fp16 --kv 64,100 --varlen dense,cu32 --qg off
 precompile --only fused_forward --gate any --io bf16 --beta bf16 --kv 100 --varlen dense,cu64 --qg off
-# ... and the early gate rows of the same K = V = 128 calls (a1-ge; a1-gv, Kp in Vp's tile) and K = V = 64 calls
-# (a1-ge): the untuned configuration there if an H200 ranks it first (untuned_configs.SQUARE; outside the toolchain
-# fingerprint, so a flip needs no new tarball)
+# ... and the other a1 forms of the same K = V = 128 calls (a1 with the mainloop unrolled twice, the untuned one
+# until the twenty-third session; a1-ge; a1-gv, Kp in Vp's tile) and K = V = 64 calls (a1-ge): the untuned
+# configuration there if an H200 ranks it first (untuned_configs.SQUARE; outside the toolchain fingerprint, so a flip
+# needs no new tarball)
 persistent_c2_a1="persistent=true;ctas_per_sm=2;raster=head;loads_ahead=1"
-for gate_rows in early early-vbuf; do
-  early="$persistent_c2_a1;gate_rows=$gate_rows"
+for gate_rows in late early early-vbuf; do
+  config="$persistent_c2_a1;gate_rows=$gate_rows"
   precompile --only fused_forward --io bf16 --beta bf16,fp32 --kv 128 --varlen dense,cu32,cu64 --qg off \
-    --config "$early"
-  precompile --only fused_forward --io fp16 --beta fp16 --kv 128 --varlen dense,cu32,cu64 --qg off --config "$early"
+    --config "$config"
+  precompile --only fused_forward --io fp16 --beta fp16 --kv 128 --varlen dense,cu32,cu64 --qg off --config "$config"
 done
 early="$persistent_c2_a1;gate_rows=early"
 cov --only fused_forward --io bf16 --beta bf16 --kv 64 --varlen dense,cu32 --qg off --config "$early"

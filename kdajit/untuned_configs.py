@@ -34,7 +34,8 @@ Kp waits in Vp's tile (gate_rows="early-vbuf", a1-gv): 0.954 ms against 0.981-0.
 against 0.621). At K = V = 128 the intra mainloop runs one head-dim step per iteration (intra_unroll=1, a1-r1):
 0.903 ms against 0.930 (H100, 2026-12-07, three runs each) and 0.894 against 0.914 (another H100, the same day),
 though its compute alone is 4-5% slower: the smaller tile loop is what counts (the instruction cache); not at 100
-(0.956 against a1-gv's 0.950), 60 (0.631 against 0.620) or 64 (a1-ge's 0.537 against 0.532). K != V keeps its FUSED entry (a persistent grid of 2 CTAs per SM does not fit every K != V pair).
+(0.956 against a1-gv's 0.950), 60 (0.631 against 0.620) or 64 (a1-ge's 0.537 against 0.532). K != V keeps its
+FUSED entry (a persistent grid of 2 CTAs per SM does not fit every K != V pair).
 """
 
 # Entries share this dict (untuned_fields hands it out unchanged); one that differs is a dict of its own.
