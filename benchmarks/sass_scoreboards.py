@@ -1,6 +1,6 @@
 """The SASS of a compiled kernel object with each instruction's dependency scoreboards (CPU, no GPU).
 
-    python benchmarks/sass_scoreboards.py OBJECT [--nvdisasm PATH] [--waits-on SB --after ADDR | --loops]
+    python benchmarks/sass_scoreboards.py OBJECT [--nvdisasm PATH] [--waits-on SB --after ADDR | --loops | --spills]
 
 OBJECT: a kernel.o of the cache or a `fused_phases.py --export` object. nvdisasm comes from the CUDA toolkit or the
 `nvidia-cuda-nvdisasm` wheel (PATH, or --nvdisasm). Each line: address, the scoreboard the instruction sets when its
@@ -15,6 +15,10 @@ a1-ge kernel at K = 60, whose next-tile v loads set SB 5 and which nothing waits
 `--loops` lists the backward branches instead, the largest span first: how many instructions lie between each one's
 target and itself. The first is a persistent kernel's tile loop, whose size the instruction cache feels
 (docs/performance.md, fourteenth and eighteenth sessions).
+
+`--spills` lists the local-memory loads and stores instead (LDL, STL: a register spill and its refills), each marked
+inside or outside the largest loop: at the 255-register cap one refill per tile cost a fused kernel 3.5-9.5% of its
+time (docs/performance.md, twenty-fourth session), so look here before timing a change.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ _LINE = re.compile(r"\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;\s*/\*\s*(0x[0-9a-f]+)\s*\*
 _HIGH = re.compile(r"/\*\s*(0x[0-9a-f]+)\s*\*/")
 _LABEL = re.compile(r"\s*(\.L_x_\d+):")
 _BRANCH = re.compile(r"\bBRA\b.*?(\.L_x_\d+)")
+_LOCAL = re.compile(r"\b(LDL|STL)\b")
 
 
 def whole_image(obj: bytes) -> bytes:
@@ -79,6 +84,16 @@ def loops(lines: list[str]) -> list[tuple[int, int, int]]:
     return sorted(spans, reverse=True)
 
 
+def spills(lines: list[str]) -> list[tuple[int, str]]:
+    """(address, instruction) of every local-memory load and store (LDL, STL) of a `disassembly`."""
+    found = []
+    for line in lines:
+        low = _LINE.match(line)
+        if low and _LOCAL.search(low.group(2)):
+            found.append((int(low.group(1), 16), " ".join(low.group(2).split())))
+    return found
+
+
 def instructions(obj_path: pathlib.Path, nvdisasm: str) -> list[tuple[int, int, int, int, str]]:
     """(address, wb, rb, wait mask, text) of every instruction of the object's first cubin."""
     lines = disassembly(obj_path, nvdisasm)
@@ -100,12 +115,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--waits-on", type=int, choices=range(6), metavar="SB", help="scoreboard 0-5")
     parser.add_argument("--after", type=lambda s: int(s, 16), default=-1, metavar="ADDR", help="hex address")
     parser.add_argument("--loops", action="store_true", help="list the backward branches' spans instead")
+    parser.add_argument("--spills", action="store_true", help="list the local-memory loads and stores instead")
     args = parser.parse_args(argv)
     if not args.nvdisasm:
         parser.error("--nvdisasm: no nvdisasm on PATH (CUDA toolkit, or pip install nvidia-cuda-nvdisasm)")
     if args.loops:
         for size, start, branch in loops(disassembly(args.object, args.nvdisasm)):
             print(f"{size:6d} instructions: {start:x} .. {branch:x}")
+        return 0
+    if args.spills:
+        lines = disassembly(args.object, args.nvdisasm)
+        largest = loops(lines)[:1]
+        found = spills(lines)
+        for address, text in found:
+            inside = bool(largest) and largest[0][1] <= address <= largest[0][2]
+            print(f"{address:6x} {'in the largest loop' if inside else 'outside it':19} {text}")
+        print(f"{len(found)} local-memory instructions")
         return 0
     for address, wb, rb, wait, text in instructions(args.object, args.nvdisasm):
         if args.waits_on is not None and (address <= args.after or not wait >> args.waits_on & 1):
