@@ -92,17 +92,17 @@ def invert_tile(sL: cute.Tensor, sX: cute.Tensor, sX00: cute.Tensor, warp_idx: c
     C = cute.size(sL, mode=[0])
     blocks = C // BLOCK
     # 2. The 16 x 16 diagonal blocks by forward substitution, one warp each (lanes 0-15: one column
-    #    each); lanes 16-31 write the zeros above the diagonal blocks. The warps of one half of the tile
-    #    run one copy of the substitution, on their block chosen at run time (smaller code: the halves keep
-    #    their fp32 X rows in different buffers, `fp32_x`).
+    #    each); lanes 16-31 write the zeros above the diagonal blocks. Every warp runs one copy of the
+    #    substitution, on its block chosen at run time; the halves keep their fp32 X rows in buffers of
+    #    different layouts (`fp32_x`), so only those stores choose at run time (`_Either`): smaller code.
     per_half = blocks // 2
-    for half in cutlass.range_constexpr(2):
-        if warp_idx // per_half == half:
-            if lane < BLOCK:
-                d = warp_idx * BLOCK
-                forward_substitute(block_view(sL, d, d), block_view(sX, d, d),
-                                   block_view(fp32_x(sL, sX00, half * per_half * BLOCK), d, d), lane,
-                                   [None] * BLOCK, 0, BLOCK, True)
+    if warp_idx < blocks and lane < BLOCK:  # one copy of the substitution: each half's fp32 rows by `_Either`
+        d = warp_idx * BLOCK
+        upper = warp_idx < per_half
+        forward_substitute(block_view(sL, d, d), block_view(sX, d, d),
+                           _Either(upper, block_view(fp32_x(sL, sX00, 0), d, d),
+                                   block_view(fp32_x(sL, sX00, per_half * BLOCK), d, d)), lane,
+                           [None] * BLOCK, 0, BLOCK, True)
     for b in cutlass.range_constexpr(blocks):
         if warp_idx == b:
             if lane >= BLOCK:
@@ -189,6 +189,26 @@ class _Shifted:
 
     def __setitem__(self, rc, value) -> None:
         self.base[rc[0] - self.row0, rc[1] - self.col0] = value
+
+
+class _Either:
+    """A store-only view: v[r, c] = x writes first[r, c] where `cond` (run time) holds, else second[r, c]."""
+
+    def __init__(self, cond, first, second) -> None:
+        self.cond, self.first, self.second = cond, first, second
+
+    def __setitem__(self, rc, value) -> None:
+        store_either(self.cond, *resolve(self.first, *rc), *resolve(self.second, *rc), value)
+
+
+@cute.jit
+def store_either(cond, first: cute.Tensor, first_row, first_col, second: cute.Tensor, second_row, second_col,
+                 value: cutlass.Float32):
+    """first[first_row, first_col] = value where cond holds, else second[second_row, second_col]."""
+    if cond:
+        first[first_row, first_col] = value
+    else:
+        second[second_row, second_col] = value
 
 
 def block_view(t, row0, col0):
