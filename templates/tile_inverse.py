@@ -92,7 +92,7 @@ def invert_tile(sL: cute.Tensor, sX: cute.Tensor, sX00: cute.Tensor, warp_idx: c
     C = cute.size(sL, mode=[0])
     blocks = C // BLOCK
     # 2. The 16 x 16 diagonal blocks by forward substitution, one warp each (lanes 0-15: one column
-    #    each); lanes 16-31 write the zeros above the diagonal blocks. Every warp runs one copy of the
+    #    each); lanes 16-31 write the zeros above the diagonal blocks, a row each. Every warp runs one copy of the
     #    substitution, on its block chosen at run time; the halves keep their fp32 X rows in buffers of
     #    different layouts (`fp32_x`), so only those stores choose at run time (`_Either`): smaller code.
     per_half = blocks // 2
@@ -246,11 +246,15 @@ def zero_tasks(chunk: int) -> list:
     return [(r, c) for r in range(blocks) for c in range(r + 1, blocks)]
 
 
-def zero_upper_blocks(sX, tasks, col):
-    """Column `col` of each task's block of sX := +0."""
+def zero_upper_blocks(sX, tasks, row):
+    """Row `row` of each task's block of sX := +0, in 16-byte stores (a row of sX is contiguous)."""
+    per_store = 128 // sX.element_type.width
+    rZero = cute.make_rmem_tensor((per_store,), sX.element_type)
+    rZero.fill(0.0)
     for r, c in tasks:
-        for s in range(BLOCK):
-            sX[r * BLOCK + s, c * BLOCK + col] = sX.element_type(0.0)
+        for part in range(BLOCK // per_store):
+            cute.autovec_copy(rZero, cute.local_tile(sX[r * BLOCK + row, None], (per_store,),
+                                                     (c * BLOCK // per_store + part,)))
 
 
 def pair_tiles(S: int, warp):
