@@ -247,14 +247,20 @@ def zero_tasks(chunk: int) -> list:
 
 
 def zero_upper_blocks(sX, tasks, row):
-    """Row `row` of each task's block of sX := +0, in 16-byte stores (a row of sX is contiguous)."""
+    """Row `row` of each task's block of sX := +0."""
+    for r, c in tasks:
+        zero_row_segment(sX, r * BLOCK + row, c * BLOCK, BLOCK)
+
+
+@cute.jit
+def zero_row_segment(sX: cute.Tensor, row: cutlass.Int32, col0: cutlass.Constexpr, cols: cutlass.Constexpr):
+    """sX[row, col0 : col0 + cols] := +0 in 16-byte stores (a row of sX is contiguous; col0 and cols are multiples
+    of 16 bytes)."""
     per_store = 128 // sX.element_type.width
     rZero = cute.make_rmem_tensor((per_store,), sX.element_type)
     rZero.fill(0.0)
-    for r, c in tasks:
-        for part in range(BLOCK // per_store):
-            cute.autovec_copy(rZero, cute.local_tile(sX[r * BLOCK + row, None], (per_store,),
-                                                     (c * BLOCK // per_store + part,)))
+    for part in cutlass.range_constexpr(cols // per_store):
+        cute.autovec_copy(rZero, cute.local_tile(sX[row, None], (per_store,), (col0 // per_store + part,)))
 
 
 def pair_tiles(S: int, warp):
@@ -351,7 +357,7 @@ def finalize(acc, col, row, on_diagonal):
     zero = cutlass.Float32(0.0)
     below = zero
     if acc is not None:
-        below = cutlass.Float32(cutlass.select_(acc == zero, zero, -acc))
+        below = zero - acc  # +0 - acc: -acc, a zero of either sign as +0 (round to nearest)
     if not on_diagonal:
         return below
     on_or_below = cutlass.Float32(cutlass.select_(col == row, cutlass.Float32(1.0), below))

@@ -43,6 +43,9 @@ class F32:
     def __neg__(self):
         return F32(-self.v)
 
+    def __sub__(self, other):
+        return F32(self.v - other.v)  # fp32 round to nearest
+
     def __eq__(self, other):
         return bool(self.v == (other.v if isinstance(other, F32) else other))
 
@@ -89,6 +92,12 @@ def tile_product(operand=tf32_nearest):
             acc.append(F32(total))
         return acc, coords
     return product
+
+
+def zero_row_segment(sX, row, col0, cols):
+    """tile_inverse.zero_row_segment element by element (its 16-byte stores write these elements)."""
+    for c in range(col0, col0 + cols):
+        sX[row, c] = F32(0.0)
 
 
 class SharedTile:
@@ -144,6 +153,8 @@ def emulated_device(barrier: threading.Barrier, state: threading.local, operand=
                                          select_=lambda cond, a, b: a if cond else b),
         "sync_group": sync_group,
         "tf32_product": tile_product(operand),
+        "store_either": tile_inverse.store_either.__wrapped__,
+        "zero_row_segment": zero_row_segment,
     }
     saved = {name: getattr(tile_inverse, name) for name in stand_ins}
     for name, value in stand_ins.items():
