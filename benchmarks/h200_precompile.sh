@@ -118,13 +118,13 @@ precompile --only fused_forward --io fp16 --beta fp16 --kv 128 --varlen dense,cu
 cov --only fused_forward --io bf16 --beta bf16 --kv 64,60,100 --varlen dense,cu32 --qg off
 cov --only fused_forward --io fp16 --beta fp16 --kv 64,100 --varlen dense,cu32 --qg off
 precompile --only fused_forward --gate any --io bf16 --beta bf16 --kv 100 --varlen dense,cu64 --qg off
-# ... and the other a1 forms of the same K = V = 128 calls (a1 with the mainloop unrolled twice, the untuned one
-# until the twenty-third session; a1-ge; a1-gv, Kp in Vp's tile) and K = V = 64 calls (a1-ge): the untuned
-# configuration there if an H200 ranks it first (untuned_configs.SQUARE; outside the toolchain fingerprint, so a flip
-# needs no new tarball)
+# ... and the other a1 forms of the same K = V = 128 calls (a1-ge; a1-gv, Kp in Vp's tile; a1-r1, the mainloop one
+# head-dim step per iteration, the untuned one in the twenty-third session), K = V = 64 calls (a1-ge) and K = V = 60
+# calls (plain a1, the untuned one until the twenty-fourth session): the untuned configuration there if an H200 ranks
+# it first (untuned_configs; outside the toolchain fingerprint, so a flip needs no new tarball)
 persistent_c2_a1="persistent=true;ctas_per_sm=2;raster=head;loads_ahead=1"
-for gate_rows in late early early-vbuf; do
-  config="$persistent_c2_a1;gate_rows=$gate_rows"
+for config in "$persistent_c2_a1;gate_rows=early" "$persistent_c2_a1;gate_rows=early-vbuf" \
+    "$persistent_c2_a1;intra_unroll=1"; do
   precompile --only fused_forward --io bf16 --beta bf16,fp32 --kv 128 --varlen dense,cu32,cu64 --qg off \
     --config "$config"
   precompile --only fused_forward --io fp16 --beta fp16 --kv 128 --varlen dense,cu32,cu64 --qg off --config "$config"
@@ -132,6 +132,7 @@ done
 early="$persistent_c2_a1;gate_rows=early"
 cov --only fused_forward --io bf16 --beta bf16 --kv 64 --varlen dense,cu32 --qg off --config "$early"
 cov --only fused_forward --io fp16 --beta fp16 --kv 64 --varlen dense,cu32 --qg off --config "$early"
+cov --only fused_forward --io bf16 --beta bf16 --kv 60 --varlen dense,cu32 --qg off --config "$persistent_c2_a1"
 # tests/test_gpu_coverage.py's padded head sizes (K = 60, 100; K != V: 100 x 60, 100 x 128, 64 x 60, 4 x 252,
 # 252 x 4), the configurations of its other cases
 for qg_config in "on --config $persistent_c1" "off --config $tile_w8"; do

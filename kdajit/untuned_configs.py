@@ -31,21 +31,21 @@ against 0.579, twice (H100, 2026-12-06; not yet timed on an H200); at K = V = 12
 0.908 at 128, 1.028 against 0.997 at 100, 0.762 against 0.622 at 60 (2026-12-06). Where K = V pads to 128 (100, ...)
 Kp waits in Vp's tile (gate_rows="early-vbuf", a1-gv): 0.954 ms against 0.981-0.985 at K = V = 100, twice (H100,
 2026-12-07); not at 128 (0.939 against 0.930, H100: near its memory floor; not yet timed on an H200) or 60 (0.623
-against 0.621). At K = V = 128 the intra mainloop runs one head-dim step per iteration (intra_unroll=1, a1-r1):
-0.903 ms against 0.930 (H100, 2026-12-07, three runs each) and 0.894 against 0.914 (another H100, the same day),
-though its compute alone is 4-5% slower: the smaller tile loop is what counts (the instruction cache); not at 100
-(0.956 against a1-gv's 0.950), 60 (0.631 against 0.620) or 64 (a1-ge's 0.537 against 0.532). K != V keeps its
-FUSED entry (a persistent grid of 2 CTAs per SM does not fit every K != V pair).
+against 0.621). Since the inverse's forward substitution runs as one copy (twenty-fourth session, H100, 2026-12-07):
+K = V = 128 plain a1, 0.886 ms against a1-r1's 0.893 (the mainloop one head-dim step per iteration, the default the
+session before; three interleaved rounds each), a1-r1 computing 4.5% more (0.724 against 0.693 alone, the H200's
+bound); K = V = 60 a1-gv, 0.618 against a1's 0.631 (one run each). K != V keeps its FUSED entry (a persistent grid
+of 2 CTAs per SM does not fit every K != V pair).
 """
 
 # Entries share this dict (untuned_fields hands it out unchanged); one that differs is a dict of its own.
 _PERSISTENT_C2_HEAD_A1 = {"persistent": True, "ctas_per_sm": 2, "raster": "head", "loads_ahead": 1}
+_KP_IN_VP = {**_PERSISTENT_C2_HEAD_A1, "gate_rows": "early-vbuf"}
 
 FUSED = {(64, 128, False): {"warps": 8}, (64, 256, False): {"warps": 8}, (64, 256, True): None}
 SQUARE = {(64, 64, False): {**_PERSISTENT_C2_HEAD_A1, "gate_rows": "early"},
-          (64, 128, False): {**_PERSISTENT_C2_HEAD_A1, "intra_unroll": 1}}
-SQUARE_PADDED = {(64, 64, False): _PERSISTENT_C2_HEAD_A1,
-                 (64, 128, False): {**_PERSISTENT_C2_HEAD_A1, "gate_rows": "early-vbuf"}}
+          (64, 128, False): _PERSISTENT_C2_HEAD_A1}
+SQUARE_PADDED = {(64, 64, False): _KP_IN_VP, (64, 128, False): _KP_IN_VP}
 
 
 def untuned_fields(chunk: int, head_k: int, head_v: int, tile_head_k: int, output_qg: bool) -> dict | None:

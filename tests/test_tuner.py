@@ -497,17 +497,16 @@ def test_untuned_configuration_is_what_measured_fastest_per_size():
     persistent_early, w8 = FusedConfig(True, 2, "head", 1), FusedConfig(warps=8)
     early_gate_rows = FusedConfig(True, 2, "head", 1, gate_rows="early")
     kp_in_vp = FusedConfig(True, 2, "head", 1, gate_rows="early-vbuf")
-    rolled = FusedConfig(True, 2, "head", 1, intra_unroll=1)  # K = V = 128: the smaller tile loop
-    assert UNTUNED == rolled and UNTUNED in FUSED_CONFIG_SPACE and w8 in FUSED_CONFIG_SPACE
+    assert UNTUNED == persistent_early and UNTUNED in FUSED_CONFIG_SPACE and w8 in FUSED_CONFIG_SPACE
     assert SPEC.fused_key(UNTUNED) in SPEC.kernel_keys() and SPEC.fused_key(REF) in SPEC.kernel_keys()
     k64, k256 = (dataclasses.replace(SPEC, head_k=n, head_v=n) for n in (64, 256))
     expected = {VARLEN_SPEC: REF, k64: early_gate_rows, dataclasses.replace(k64, output_qg=True): REF,
                 dataclasses.replace(k64, varlen="cu32", safe_gate=False): early_gate_rows,  # K = V = 64: any mode
-                dataclasses.replace(SPEC, safe_gate=False): rolled,  # K = V = 128: one TMA box per tile
-                dataclasses.replace(SPEC, io_dtype="fp16", beta_dtype="fp16", varlen="cu64"): rolled,
+                dataclasses.replace(SPEC, safe_gate=False): persistent_early,  # K = V = 128: one TMA box per tile
+                dataclasses.replace(SPEC, io_dtype="fp16", beta_dtype="fp16", varlen="cu64"): persistent_early,
                 dataclasses.replace(SPEC, head_v=256): w8,  # K != V: two persistent CTAs per SM do not fit
                 dataclasses.replace(SPEC, head_k=100, head_v=100): kp_in_vp,  # padded K = V: its own entry
-                dataclasses.replace(k64, head_k=60, head_v=60): persistent_early,  # ... and 64's
+                dataclasses.replace(k64, head_k=60, head_v=60): kp_in_vp,  # ... and 64's
                 dataclasses.replace(k64, head_v=60): REF,  # K != V: the (chunk, K, QG) table's entry
                 k256: w8, dataclasses.replace(k256, output_qg=True): None,  # None: the standalone kernels
                 dataclasses.replace(SPEC, chunk=32): REF}  # chunk 32: the reference measured faster
