@@ -11,9 +11,10 @@
 # one head size, PHASES_ONLY narrows them), compare (COMPARE_BASE's fused kernels against this tree's, bit for bit;
 # benchmarks/compare_objects.py), extra (experiments' objects from other trees under .gpu-cache/extra/: phases and bit
 # comparisons; EXTRA_EXPS names some of them, in order), repeat (main's K = 128 phase variants and the experiments',
-# in interleaved rounds: the spread beside each difference; REPEAT_ROUNDS, REPEAT_ONLY), phasesany (fused_phases
-# --gate any on each object directory under the tarball's pany/; PANY_DIRS, PANY_SCALES narrow it), dslfree (benchmarks/dsl_free_load.py), host
-# (bench_host), tune (kdajit tune at the two tuning-evidence shapes), fla (FLA-backend GPU tests and bench), flabench
+# in interleaved rounds: the spread beside each difference; EXTRA_EXPS, REPEAT_ROUNDS, REPEAT_ONLY), phasesany
+# (fused_phases --gate any on each object directory under the tarball's pany/; PANY_DIRS, PANY_SCALES narrow it),
+# dslfree (benchmarks/dsl_free_load.py), host (bench_host), tune (kdajit tune at the two tuning-evidence shapes),
+# fla (FLA-backend GPU tests and bench), flabench
 # (bench_fla_backend alone), stress (determinism replays), stressnoqg (replays without QG, forward's tile-w8 route),
 # stressrest (stress but the bf16 run), stress10m_fla (the 10M run beside the FLA-backend tests), stressconfigs
 # (replays under other fused configurations), sanitizer (compute-sanitizer, docs/reliability.md; SANITIZER_TOOLS picks
@@ -172,21 +173,26 @@ run_stage() {
         [[ "${EXTRA_COMPARE:-on}" == on ]] && compare_sets "${exp_dir}compare/main" "${exp_dir}compare/$exp" \
           "extra_${exp}_compare" "$(cat "${exp_dir}compare/reference" 2>/dev/null)"
       done ;;
-    repeat)  # main's K = 128 phase variants (the tarball's phases/) and each experiment's (extra/EXP/phases-kv128/ or
-      # phases/), timed in turn for REPEAT_ROUNDS rounds (default 3): the rounds interleave the trees, so a drift of
-      # the card shows in the spread, not as a difference. EXTRA_EXPS names the experiments, REPEAT_ONLY narrows the
-      # variants (as PHASES_ONLY); the table (benchmarks/rounds_table.py): $out/repeat.md
+    repeat)  # main's K = 128 phase variants (the tarball's phases/) and each experiment's (extra/EXP/phases-kv128/, else
+      # extra/EXP/phases/), timed in turn for REPEAT_ROUNDS rounds (default 3), every other round in reverse order:
+      # a drift of the card shows in the spread, not as a difference. EXTRA_EXPS names the experiments, REPEAT_ONLY
+      # narrows the variants (as PHASES_ONLY); the table (benchmarks/rounds_table.py): $out/repeat_table.log
+      local names=() dirs=() exp dir round i
+      for exp in main ${EXTRA_EXPS:-$(ls /tmp/precompiled/extra)}; do
+        dir=/tmp/precompiled/phases/
+        [[ $exp == main ]] || dir=/tmp/precompiled/extra/$exp/phases-kv128/
+        [[ -d "$dir" || $exp == main ]] || dir=/tmp/precompiled/extra/$exp/phases/
+        [[ -d "$dir" ]] || { echo "== repeat: no K = 128 phases of $exp in the tarball"; status=2; continue; }
+        names+=("$exp"); dirs+=("$dir")
+      done
       for round in $(seq "${REPEAT_ROUNDS:-3}"); do
-        for exp in main ${EXTRA_EXPS:-$(ls /tmp/precompiled/extra)}; do
-          dir=/tmp/precompiled/phases/
-          [[ $exp == main ]] || dir=$(ls -d /tmp/precompiled/extra/"$exp"/phases-kv128/ \
-            /tmp/precompiled/extra/"$exp"/phases/ 2>/dev/null | head -n 1)
-          [[ -d "$dir" ]] || { echo "== repeat: no K = 128 phases of $exp in the tarball"; status=2; continue; }
-          stage "repeat_${round}_$exp" 90 python3 benchmarks/fused_phases.py --objects "$dir" --kv 128 \
-            ${REPEAT_ONLY:+--only $REPEAT_ONLY} --json "$out/repeat_${round}_$exp.json"
+        for i in $(seq 0 $((${#names[@]} - 1))); do
+          (( round % 2 )) || i=$((${#names[@]} - 1 - i))
+          stage "repeat_${round}_${names[i]}" 90 python3 benchmarks/fused_phases.py --objects "${dirs[i]}" --kv 128 \
+            ${REPEAT_ONLY:+--only $REPEAT_ONLY} --json "$out/repeat_${round}_${names[i]}.json"
         done
       done
-      python3 benchmarks/rounds_table.py "$out"/repeat_*.json | tee "$out/repeat.md" ;;
+      stage repeat_table 30 python3 benchmarks/rounds_table.py "$out"/repeat_*.json ;;
     dslfree)  # a cached fused kernel linked into a shared library and run through TVM-FFI alone (no DSL import)
       stage dslfree 90 python3 benchmarks/dsl_free_load.py --json "$out/dsl_free.json" ;;
     host)

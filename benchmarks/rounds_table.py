@@ -4,7 +4,8 @@
 
 Each file is `fused_phases.py --json` output of one tree in one round, named repeat_ROUND_TREE.json. Per tree,
 configuration and variant: the median over the rounds, the spread (largest - smallest, as % of the median) and the
-median's ratio to tree `main`'s. A difference smaller than both spreads is not one.
+median's ratio to tree `main`'s (n/a where main has no such row). A difference within either tree's spread is not
+one.
 """
 from __future__ import annotations
 
@@ -33,18 +34,29 @@ def read_rounds(paths: list[str]) -> dict:
 def table(times: dict) -> str:
     """A markdown table of `read_rounds`' times, by configuration and variant, main first."""
     lines = ["| config | variant | tree | rounds | median ms | spread | vs main |", "|---|---|---|---|---|---|---|"]
-    order = lambda key: (key[1], key[2], key[0] != "main", key[0])
-    for tree, config, variant in sorted(times, key=order):
+    for tree, config, variant in sorted(times, key=table_order):
         ms = times[(tree, config, variant)]
         median = statistics.median(ms)
         spread = (max(ms) - min(ms)) / median * 100
         base = times.get(("main", config, variant))
-        ratio = f"{(median / statistics.median(base) - 1) * 100:+.1f}%" if base and tree != "main" else ""
+        if tree == "main":
+            ratio = ""
+        elif base:
+            ratio = f"{(median / statistics.median(base) - 1) * 100:+.1f}%"
+        else:
+            ratio = "n/a"
         lines.append(f"| {config} | {variant} | {tree} | {len(ms)} | {median:.3f} | {spread:.1f}% | {ratio} |")
     return "\n".join(lines)
 
 
+def table_order(key: tuple) -> tuple:
+    """Rows by configuration and variant, main's first, then the other trees by name."""
+    tree, config, variant = key
+    return config, variant, tree != "main", tree
+
+
 def main(argv=None) -> int:
+    """Print the table of the files named on the command line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", help="repeat_ROUND_TREE.json files")
     print(table(read_rounds(parser.parse_args(argv).files)))

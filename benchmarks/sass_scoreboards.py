@@ -94,6 +94,14 @@ def spills(lines: list[str]) -> list[tuple[int, str]]:
     return found
 
 
+def spills_by_loop(lines: list[str]) -> list[tuple[int, str, bool]]:
+    """`spills` of a `disassembly`, each with whether it lies inside its largest loop (a tile loop's refill runs
+    every tile; a spill before the loop runs once)."""
+    largest = loops(lines)[:1]
+    return [(address, text, bool(largest) and largest[0][1] <= address <= largest[0][2])
+            for address, text in spills(lines)]
+
+
 def instructions(obj_path: pathlib.Path, nvdisasm: str) -> list[tuple[int, int, int, int, str]]:
     """(address, wb, rb, wait mask, text) of every instruction of the object's first cubin."""
     lines = disassembly(obj_path, nvdisasm)
@@ -124,11 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{size:6d} instructions: {start:x} .. {branch:x}")
         return 0
     if args.spills:
-        lines = disassembly(args.object, args.nvdisasm)
-        largest = loops(lines)[:1]
-        found = spills(lines)
-        for address, text in found:
-            inside = bool(largest) and largest[0][1] <= address <= largest[0][2]
+        found = spills_by_loop(disassembly(args.object, args.nvdisasm))
+        for address, text, inside in found:
             print(f"{address:6x} {'in the largest loop' if inside else 'outside it':19} {text}")
         print(f"{len(found)} local-memory instructions")
         return 0

@@ -30,12 +30,13 @@ against 0.579, twice (H100, 2026-12-06; not yet timed on an H200); at K = V = 12
 (H100, 2026-12-06). With numerics2 (e1868f6) the same ranking, H100: a1-ge 0.539 against 0.586 at 64, 0.955 against
 0.908 at 128, 1.028 against 0.997 at 100, 0.762 against 0.622 at 60 (2026-12-06). Where K = V pads to 128 (100, ...)
 Kp waits in Vp's tile (gate_rows="early-vbuf", a1-gv): 0.954 ms against 0.981-0.985 at K = V = 100, twice (H100,
-2026-12-07); not at 128 (0.939 against 0.930, H100: near its memory floor; not yet timed on an H200) or 60 (0.623
-against 0.621). Since the inverse's forward substitution runs as one copy (twenty-fourth session, H100, 2026-12-07):
-K = V = 128 plain a1, 0.886 ms against a1-r1's 0.893 (the mainloop one head-dim step per iteration, the default the
-session before; three interleaved rounds each), a1-r1 computing 4.5% more (0.724 against 0.693 alone, the H200's
-bound); K = V = 60 a1-gv, 0.618 against a1's 0.631 (one run each). K != V keeps its FUSED entry (a persistent grid
-of 2 CTAs per SM does not fit every K != V pair).
+2026-12-07); not at 128 (0.939 against 0.930, H100: near its memory floor; not yet timed on an H200), nor then at 60
+(0.623 against 0.621). Since the inverse's forward substitution runs as one copy (twenty-fourth session, H100,
+2026-12-07): K = V = 128 plain a1, 0.886 ms against a1-r1's 0.904 in the same tree (a1-r1, the mainloop one head-dim
+step per iteration, was the default the session before at 0.893; three interleaved rounds each), a1-r1 computing
+4.5% more (0.724 against 0.693 alone, the H200's bound); K = V = 60 a1-gv, 0.618 against a1's 0.631 in the same tree
+(one run each; the old tree's a1 0.619). K != V keeps its FUSED entry (a persistent grid of 2 CTAs per SM does not
+fit every K != V pair).
 """
 
 # Entries share this dict (untuned_fields hands it out unchanged); one that differs is a dict of its own.

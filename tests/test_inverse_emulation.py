@@ -40,14 +40,8 @@ class F32:
     def __init__(self, v):
         self.v = np.float32(v.v if isinstance(v, F32) else v)
 
-    def __neg__(self):
-        return F32(-self.v)
-
     def __sub__(self, other):
         return F32(self.v - other.v)  # fp32 round to nearest
-
-    def __eq__(self, other):
-        return bool(self.v == (other.v if isinstance(other, F32) else other))
 
     def to(self, dtype):
         return F32(self.v)  # the io rounding is left out: the tests read the fp32 values
@@ -208,6 +202,15 @@ def l_tile(seed: int, C: int) -> np.ndarray:
 
 def bits(x: np.ndarray) -> np.ndarray:
     return x.view(np.uint32)
+
+
+def test_finalize_negates_and_writes_a_zero_of_either_sign_as_plus_zero():
+    with emulated_device(threading.Barrier(1), threading.local()):
+        below = [tile_inverse.finalize(F32(acc), 0, 1, False).v for acc in (0.0, -0.0, 2.5, -3.0)]
+        diagonal = [tile_inverse.finalize(F32(-0.0), col, 1, True).v for col in (0, 1, 2)]  # row 1: below, on, above
+    assert bits(np.array(below, np.float32)).tolist()[:2] == [0, 0], "x = -acc must be +0.0 for acc = +-0"
+    assert below[2:] == [-2.5, 3.0]
+    assert bits(np.array(diagonal, np.float32)).tolist() == [0, bits(np.array([1.0], np.float32))[0], 0]
 
 
 @pytest.mark.parametrize("C", CHUNKS)

@@ -22,14 +22,16 @@ LISTING = (instruction(0x00, "MOV R1, c[0x0][0x28]") + instruction(0x10, "STL [R
            + instruction(0x20, "LDS R2, [R3]") + instruction(0x30, "STS [R2], R3")
            + instruction(0x40, "LDSM.16.MT88.4 R8, [R4]") + instruction(0x50, "LDL R46, [R1]")
            + instruction(0x60, "STL.64 [R1+0x8], R4") + instruction(0x70, "@P0 BRA `(.L_x_1)")
-           + instruction(0x80, "EXIT"))
+           + instruction(0x80, "@!P1 LDL.LU R5, [R1+0x4]") + instruction(0x90, "EXIT"))
 
 
 def test_spills_are_the_local_memory_instructions_only():
     assert sass_scoreboards.spills(LISTING) == [(0x10, "STL [R1], R7"), (0x50, "LDL R46, [R1]"),
-                                                (0x60, "STL.64 [R1+0x8], R4")]
+                                                (0x60, "STL.64 [R1+0x8], R4"), (0x80, "@!P1 LDL.LU R5, [R1+0x4]")]
 
 
-def test_the_loop_spans_its_label_through_its_branch():
-    # 0x20 .. 0x70: six instructions; the spills inside it are the refills at 0x50 and 0x60
+def test_the_refills_inside_the_loop_are_told_from_the_spills_outside_it():
+    # the loop: 0x20 .. 0x70, six instructions, label through branch
     assert sass_scoreboards.loops(LISTING) == [(6, 0x20, 0x70)]
+    assert [(address, inside) for address, _, inside in sass_scoreboards.spills_by_loop(LISTING)] == [
+        (0x10, False), (0x50, True), (0x60, True), (0x80, False)]
