@@ -18,7 +18,8 @@ target and itself. The first is a persistent kernel's tile loop, whose size the 
 
 `--spills` lists the local-memory loads and stores instead (LDL, STL: a register spill and its refills), each marked
 inside or outside the largest loop: at the 255-register cap one refill per tile cost a fused kernel 3.5-9.5% of its
-time (docs/performance.md, twenty-fourth session), so look here before timing a change.
+time (docs/performance.md, twenty-fourth session), so look here before timing a change. With a directory for OBJECT
+(a cache's root, an export directory) it prints one line per object (.o) under it that has any: their counts.
 """
 from __future__ import annotations
 
@@ -130,6 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.loops:
         for size, start, branch in loops(disassembly(args.object, args.nvdisasm)):
             print(f"{size:6d} instructions: {start:x} .. {branch:x}")
+        return 0
+    if args.spills and args.object.is_dir():
+        objects = sorted(args.object.rglob("*.o"))
+        for path in objects:
+            found = spills_by_loop(disassembly(path, args.nvdisasm))
+            if found:
+                print(f"{len(found):4d} local-memory instructions, {sum(inside for *_, inside in found):4d} in the "
+                      f"largest loop: {path.relative_to(args.object)}")
+        print(f"{len(objects)} objects")
         return 0
     if args.spills:
         found = spills_by_loop(disassembly(args.object, args.nvdisasm))
