@@ -1,4 +1,5 @@
-"""Summarize one kernel's SASS-level Nsight Compute data: where the instructions and the stall samples go.
+"""Summarize one kernel's SASS-level Nsight Compute data: where the instructions, the stall samples and the
+shared-memory wavefronts go.
 
     ncu --profile-from-start off --clock-control none --set full -o OUT \\
         python3 benchmarks/fused_phases.py --objects DIR --only tile-w8.all --profile
@@ -9,8 +10,8 @@
 table of the first (or `--kernel`-th) kernel in the CSV and prints markdown: the opcode mix (executed warp
 instructions and share of stall samples), the stall samples by reason over the whole kernel, the code cut into
 segments at every `BAR` (a CTA or named barrier: the phases of the fused kernel), each with its instructions,
-samples, main opcodes and stall reasons, and the instructions that hold the most samples (a barrier's or a wait's
-samples land on the instruction after it).
+samples, shared-memory wavefronts (and those beyond the ideal: bank conflicts), main opcodes and stall reasons,
+and the instructions that hold the most samples (a barrier's or a wait's samples land on the instruction after it).
 Needs no GPU and no third-party package.
 """
 from __future__ import annotations
@@ -64,9 +65,13 @@ def report(path: str, index: int, top: int) -> str:
     executed = [number(r["Instructions Executed"]) for r in rows]
     samples = [number(r["Warp Stall Sampling (All Samples)"]) for r in rows]
     ops = [opcode(r["Source"]) for r in rows]
+    wavefronts = [number(r.get("L1 Wavefronts Shared", "")) for r in rows]
+    excess = [number(r.get("L1 Wavefronts Shared Excessive", "")) for r in rows]
     total, total_samples = sum(executed) or 1.0, sum(samples) or 1.0
     out = [f"# {name[:100]}", "",
-           f"{total / 1e6:.1f} M warp instructions executed, {total_samples:.0f} stall samples", ""]
+           f"{total / 1e6:.1f} M warp instructions executed, {total_samples:.0f} stall samples, "
+           f"{sum(wavefronts) / 1e6:.1f} M shared-memory wavefronts ({sum(excess) / 1e6:.1f} M beyond the ideal: "
+           "bank conflicts)", ""]
 
     mix: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
     for op, e, s in zip(ops, executed, samples):
@@ -86,7 +91,8 @@ def report(path: str, index: int, top: int) -> str:
         if count:
             out.append(f"| {reason} | {count:.0f} | {100 * count / reason_total:.1f}% |")
 
-    out += ["", "| lines | executed | stall samples | main opcodes (M) | main stall reasons |", "|---|---|---|---|---|"]
+    out += ["", "| lines | executed | stall samples | shared wavefronts (M), beyond ideal | main opcodes (M) | "
+            "main stall reasons |", "|---|---|---|---|---|---|"]
     start = 0
     for i, op in enumerate(ops):
         if not (op.startswith("BAR") or i == len(ops) - 1):
@@ -104,6 +110,7 @@ def report(path: str, index: int, top: int) -> str:
                 stalls[column[len("stall_"):]] += number(rows[j][column])
         stall_total = sum(stalls.values()) or 1.0
         out.append(f"| {seg.start}-{seg.stop - 1} | {100 * e / total:.1f}% | {100 * s / total_samples:.1f}% | "
+                   f"{sum(wavefronts[j] for j in seg) / 1e6:.2f}, {sum(excess[j] for j in seg) / 1e6:.2f} | "
                    + ", ".join(f"{k} {v / 1e6:.1f}" for k, v in seg_mix.most_common(6)) + " | "
                    + ", ".join(f"{k} {100 * v / stall_total:.0f}%" for k, v in stalls.most_common(4)) + " |")
 
