@@ -179,9 +179,9 @@ run_stage() {
       # narrows the variants (as PHASES_ONLY); the table (benchmarks/rounds_table.py): $out/repeat_table.log
       local names=() dirs=() exp dir round i
       for exp in main ${EXTRA_EXPS:-$(ls /tmp/precompiled/extra)}; do
-        dir=/tmp/precompiled/phases/
-        [[ $exp == main ]] || dir=/tmp/precompiled/extra/$exp/phases-kv128/
-        [[ -d "$dir" || $exp == main ]] || dir=/tmp/precompiled/extra/$exp/phases/
+        if [[ $exp == main ]]; then dir=/tmp/precompiled/phases/
+        elif [[ -d /tmp/precompiled/extra/$exp/phases-kv128/ ]]; then dir=/tmp/precompiled/extra/$exp/phases-kv128/
+        else dir=/tmp/precompiled/extra/$exp/phases/; fi
         [[ -d "$dir" ]] || { echo "== repeat: no K = 128 phases of $exp in the tarball"; status=2; continue; }
         names+=("$exp"); dirs+=("$dir")
       done

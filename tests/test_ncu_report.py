@@ -23,13 +23,16 @@ ROWS = [  # (source, samples, executed, wavefronts, excess, wait, barrier)
 ]
 
 
-def write_csv(path):
+def write_csv(path, header=HEADER, rows=None):
+    """A one-kernel source-page CSV: `header`, then `rows` (default: ROWS, as ncu writes them, with addresses)."""
+    if rows is None:
+        rows = [[hex(16 * n), src, samples, f"{executed:,}", wf, ex, wait, barrier]
+                for n, (src, samples, executed, wf, ex, wait, barrier) in enumerate(ROWS)]
     with gzip.open(path, "wt", newline="") as f:
         w = csv.writer(f)
         w.writerow(["Kernel Name", "kernel_test"])
-        w.writerow(HEADER)
-        for n, (src, samples, executed, wf, ex, wait, barrier) in enumerate(ROWS):
-            w.writerow([hex(16 * n), src, samples, f"{executed:,}", wf, ex, wait, barrier])
+        w.writerow(header)
+        w.writerows(rows)
 
 
 def test_segments_carry_their_shared_wavefronts_and_excess(tmp_path):
@@ -45,9 +48,5 @@ def test_segments_carry_their_shared_wavefronts_and_excess(tmp_path):
 def test_a_csv_without_the_memory_columns_still_reports(tmp_path):
     """Sets other than `--set full` leave the shared-memory columns out: the report says 0 rather than failing."""
     path = tmp_path / "sass.csv.gz"
-    with gzip.open(path, "wt", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["Kernel Name", "kernel_test"])
-        w.writerow([h for h in HEADER if not h.startswith("L1")])
-        w.writerow(["0x0", "EXIT", 1, 1, 1, 0])
+    write_csv(path, [h for h in HEADER if not h.startswith("L1")], [["0x0", "EXIT", 1, 1, 1, 0]])
     assert "0.0 M shared-memory wavefronts" in ncu_report.report(str(path), 0, 10)
