@@ -44,13 +44,10 @@ def probe_class():
 
         def fake_args(self):
             n = cute.sym_int()
-            a = make_fake_compact_tensor(cutlass.BFloat16, (n, CHUNK, CHUNK), stride_order=(2, 1, 0),
-                                         assumed_align=16)
-            b = make_fake_compact_tensor(cutlass.BFloat16, (n, CHUNK, HEAD), stride_order=(2, 1, 0),
-                                         assumed_align=16)
-            c = make_fake_compact_tensor(cutlass.Float32, (n, CHUNK, HEAD), stride_order=(2, 1, 0),
-                                         assumed_align=16)
-            return a, b, c, make_fake_stream(use_tvm_ffi_env_stream=True)
+            tiles = lambda dtype, cols: make_fake_compact_tensor(dtype, (n, CHUNK, cols), stride_order=(2, 1, 0),
+                                                                 assumed_align=16)
+            return (tiles(cutlass.BFloat16, CHUNK), tiles(cutlass.BFloat16, HEAD), tiles(cutlass.Float32, HEAD),
+                    make_fake_stream(use_tvm_ffi_env_stream=True))
 
         @cute.jit
         def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, stream: cuda.CUstream):
@@ -81,12 +78,12 @@ def probe_class():
                 ("a", S.Align[S.MemRange[cutlass.BFloat16, CHUNK * CHUNK], 1024]),
                 ("b", S.Align[S.MemRange[cutlass.BFloat16, HEAD * CHUNK], 1024]),
             ]))
-            # The kernels' views: the layouts' swizzle acts on element offsets (Swizzle<3, 3, 3> of 16-bit
-            # elements: 16-byte groups XOR the 128-byte row index mod 8, the 128-byte swizzle).
             if cutlass.const_expr(self.route == "wgmma-canon"):
                 sA = smem.a.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
                 sB = smem.b.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)
             else:
+                # The kernels' views: the layouts' swizzle acts on element offsets (Swizzle<3, 3, 3> of 16-bit
+                # elements: 16-byte groups XOR the 128-byte row index mod 8, the 128-byte swizzle).
                 sA = smem.a.get_tensor(sA_layout)
                 sB = smem.b.get_tensor(sB_layout)  # (d, j)
             gA = mA[n, None, None]
@@ -97,6 +94,7 @@ def probe_class():
             for e in cutlass.range(tidx, CHUNK * HEAD, 128, unroll=1):
                 sB[e % HEAD, e // HEAD] = gB[e // HEAD, e % HEAD]
             if cutlass.const_expr(self.route == "sync"):
+                # tile_recompute.product's mainloop, without its bf16 rounding and staging: the raw fp32 sums
                 cute.arch.sync_threads()
                 thr_mma = tiled_mma.get_slice(tidx)
                 tCrA = load_akk_fragments(tiled_mma, sA, tidx)
@@ -196,7 +194,7 @@ def run(directory: str, tiles: int) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--export", metavar="DIR", help="compile both routes to object files in DIR and exit")
+    parser.add_argument("--export", metavar="DIR", help="compile every route (ROUTES) to object files in DIR and exit")
     parser.add_argument("--objects", metavar="DIR", help="run the routes exported to DIR")
     parser.add_argument("--tiles", type=int, default=16384)
     args = parser.parse_args(argv)
