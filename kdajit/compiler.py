@@ -87,11 +87,12 @@ def compile_key(key: _KernelKey):
     return compile_template(cls(key), key.arch)
 
 
-def compile_template(kernel, arch: str):
+def compile_template(kernel, arch: str, ptx_dir: str | None = None):
     """Trace and compile a template instance for `arch` (compile_key's recipe; benchmarks use it
-    directly for measurement-only variants that no key describes)."""
+    directly for measurement-only variants that no key describes). `ptx_dir`: an existing directory that receives
+    the kernel's PTX (tests that check which instructions a configuration emits)."""
     cute = _cute()
-    options = f"--enable-tvm-ffi --gpu-arch {arch}"
+    options = f"--enable-tvm-ffi --gpu-arch {arch}" + (f" --keep-ptx --dump-dir={ptx_dir}" if ptx_dir else "")
     t0 = time.perf_counter()
     compiled = cute.compile(kernel, *kernel.fake_args(), options=options)
     compiled.kdajit_compile_s = time.perf_counter() - t0

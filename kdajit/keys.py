@@ -107,6 +107,10 @@ class FusedConfig:
     standalone intra kernel's and the other configurations' choice) or 1 (half the mainloop code: the persistent
     kernel's tile loop is large enough that the instruction cache feels its size; docs/performance.md, twenty-third
     session). The same operations in the same order either way.
+    `stores`: how a 4-warp CTA at chunk 64 with K and V in HEAD_DIMS stores W and U from their staging tiles:
+    "threads" (each thread its rows' 16-byte pieces) or "tma" (the staging tiles as 64-column panels of the 128-byte
+    swizzle; a warp whose 16 rows are all valid stores them as one TMA box per panel, a partial warp as "threads").
+    Data movement only.
     Non-persistent configs keep the defaults of the other fields but `warps`.
     The reference configuration is the default instance.
     """
@@ -118,6 +122,7 @@ class FusedConfig:
     warps: int = 4
     gate_rows: str = "late"
     intra_unroll: int = 2
+    stores: str = "threads"
 
     def slug(self) -> str:
         warps = f"-w{self.warps}" if self.warps != 4 else ""
@@ -126,19 +131,23 @@ class FusedConfig:
         ahead = f"-a{self.loads_ahead}" if self.loads_ahead else ""
         early = {"early": "-ge", "early-vbuf": "-gv"}.get(self.gate_rows, "")
         rolled = f"-r{self.intra_unroll}" if self.intra_unroll != 2 else ""
-        return f"persistent-c{self.ctas_per_sm}-{self.raster}{ahead}{warps}{early}{rolled}"
+        stores = "-ts" if self.stores == "tma" else ""
+        return f"persistent-c{self.ctas_per_sm}-{self.raster}{ahead}{warps}{early}{rolled}{stores}"
 
 
 FUSED_WARPS = (4, 8)
 GATE_ROWS = ("late", "early", "early-vbuf")
 INTRA_UNROLLS = (2, 1)
+STORE_PATHS = ("threads", "tma")
 # The fused kernel's declared configuration space (what the full compile sweep builds, the bitwise
 # GPU tests run and the autotuner may choose from); the reference configuration comes first.
 FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
     FusedConfig(True, ctas, raster, ahead) for ahead in LOADS_AHEAD for ctas in (1, 2) for raster in RASTER_ORDERS
 ) + (FusedConfig(warps=8),) + tuple(FusedConfig(True, ctas, "head", 0, 8) for ctas in (1, 2)) + tuple(
     FusedConfig(True, ctas, "head", 1, gate_rows=early) for early in GATE_ROWS[1:] for ctas in (1, 2)) + tuple(
-    FusedConfig(True, ctas, "head", 1, gate_rows=rows, intra_unroll=1) for rows in GATE_ROWS for ctas in (1, 2))
+    FusedConfig(True, ctas, "head", 1, gate_rows=rows, intra_unroll=1) for rows in GATE_ROWS for ctas in (1, 2)
+) + tuple(FusedConfig(True, 2, "head", 1, gate_rows=rows, intra_unroll=unroll, stores="tma")
+          for rows, unroll in (("late", 2), ("late", 1), ("early-vbuf", 2)))
 
 
 @dataclass(frozen=True)

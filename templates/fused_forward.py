@@ -22,7 +22,9 @@ Per tile (4 warps, 128 threads; the phases run one after another, separated by C
    function as the standalone inverse's last step).
 4. recompute: Akk rows -> registers -> the swizzled A tile (rows >= v zero, `store_akk`); per row,
    `gate_row` from k, g, q in shared memory, v in registers and beta from the shared vector: Kp, Vp
-   -> shared B tiles, KG (QG) -> global; then W, U (`products_w_u`) -> global.
+   -> shared B tiles, KG (QG) -> global; then W, U (`products_w_u`) -> global, through staging tiles by 16-byte
+   row pieces or (`FusedConfig.stores` "tma") by one TMA box per warp and 64-column panel, whose reads the next
+   tile's `loads_landed` waits for before anything writes those tiles again.
 The standalone recompute reads the rounded Akk that step 3 stores; here the same values come from
 shared memory, so the A operand is bit-identical. Rows >= v hold values (clamped, unwritten or loaded) that are
 replaced by zero with a select or never stored, exactly as in the standalone kernels.
@@ -78,8 +80,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
-from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, GATE_ROWS, INTRA_UNROLLS, LOADS_AHEAD, RASTER_ORDERS,
-                         VARLEN_MODES, FusedForwardKey, head_dim_supported, padded_head_dim)
+from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, GATE_ROWS, HEAD_DIMS, INTRA_UNROLLS, LOADS_AHEAD,
+                         RASTER_ORDERS, STORE_PATHS, VARLEN_MODES, FusedForwardKey, head_dim_supported,
+                         padded_head_dim)
 from kdajit.templates.common import (DTYPES, IO_TYPES, SEQ_CURSOR_START, chunk_coords, chunk_rows, fake_arguments,
                                     grid_shape, make_struct, make_tf32_mma, sync_group, walk_coords)
 from kdajit.templates.tile_intra import (beta_row, init_tile_loads, intra_tile, issue_tile_loads, loads_mbar_fields,
@@ -89,8 +92,8 @@ from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_
                                            make_akk_store_copy, make_l_load_copy, store_akk_rows, x00_layout,
                                            zero_rows_from)
 from kdajit.templates.tile_recompute import (PRODUCT_BARRIERS, VEC, RecomputeLayouts, gate_row, key_gate_row,
-                                             load_row_vec, make_recompute_mma, product_threads, products_by_groups,
-                                             products_w_u, row_fragments, store_akk, store_b_row,
+                                             load_row_vec, make_recompute_mma, make_tma_store_tile, product_threads,
+                                             products_by_groups, products_w_u, row_fragments, store_akk, store_b_row,
                                              value_row)
 
 # 4 warps: the inverse, the gate rows and the W/U products are written for one group of 4 warps (all of
@@ -180,6 +183,7 @@ class FusedForward:
         self.config = key.config
         self.num_threads = 32 * key.config.warps
         self.load_path = loads_of(key)  # "tma", "bulk" or "cp.async"
+        self.tma_stores = key.config.stores == "tma"  # W and U leave their staging panels by TMA (`product`)
         # Measurement only (benchmarks/fused_phases.py): a kernel that leaves phases out computes
         # garbage and is never built from a key, so it never reaches the cache.
         self.phases = PHASES
@@ -195,7 +199,8 @@ class FusedForward:
                 and isinstance(key.output_qg, bool) and isinstance(key.safe_gate, bool))
         if (not fits or not isinstance(cfg.persistent, bool) or cfg.raster not in RASTER_ORDERS
                 or cfg.loads_ahead not in LOADS_AHEAD or cfg.warps not in FUSED_WARPS
-                or cfg.gate_rows not in GATE_ROWS or cfg.intra_unroll not in INTRA_UNROLLS):
+                or cfg.gate_rows not in GATE_ROWS or cfg.intra_unroll not in INTRA_UNROLLS
+                or cfg.stores not in STORE_PATHS):
             return False
         if not cfg.persistent and cfg != type(cfg)(warps=cfg.warps):  # one tile per CTA: the others do not apply
             return False
@@ -207,6 +212,9 @@ class FusedForward:
             return False  # Kp and Vp trade tiles, which needs them of one layout
         if cfg.intra_unroll != 2 and cfg.warps != 4:
             return False  # the 8-warp schedule's mainloop runs one step per iteration already
+        if cfg.stores == "tma" and (cfg.warps != 4 or key.chunk != 64 or key.head_k not in HEAD_DIMS
+                                    or key.head_v not in HEAD_DIMS):
+            return False  # TMA boxes of one warp's 16 rows x whole 64-column panels, W and U by all 4 warps
         if not isinstance(cfg.ctas_per_sm, int) or cfg.ctas_per_sm < 1:
             return False
         # A persistent grid is sized for ctas_per_sm resident CTAs, so they must fit; one tile per CTA
@@ -229,16 +237,18 @@ class FusedForward:
         grid = tiles
         if cutlass.const_expr(self.config.persistent):
             grid = (min(tiles[0] * tiles[1] * tiles[2], max_ctas), 1, 1)
-        layouts = RecomputeLayouts(self.chunk, self.head_k, self.head_v)
+        layouts = RecomputeLayouts(self.chunk, self.head_k, self.head_v, panels=self.tma_stores)
         smem_struct, inverse_work, recompute_work = fused_smem_struct(self.chunk, self.head_k, self.head_v,
                                                                       self.io, self.load_path)
         self.smem_struct, self.inverse_work, self.recompute_work = smem_struct, inverse_work, recompute_work
         tma_tiles = make_tma_tiles(mQ, mK, mGk, self.chunk, self.load_path)
+        tma_stores = (make_tma_store_tile(mW), make_tma_store_tile(mU)) if self.tma_stores else None
         self.kernel(mQ, mK, mV, mGk, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, scale, tma_tiles,
                     tiles[0], make_tf32_mma(), make_row_copy(self.io, self.key.head_k, self.num_threads),
                     make_row_copy(f32, self.key.head_k, self.num_threads),
                     make_l_load_copy(self.num_threads, self.chunk),
                     make_akk_store_copy(GROUP_THREADS, self.io, self.chunk), make_recompute_mma(self.chunk, self.io),
+                    tma_stores,
                     layouts.akk, layouts.kp, layouts.vp, layouts.out_w, layouts.out_u).launch(
             grid=grid, block=(self.num_threads, 1, 1), stream=stream,
             min_blocks_per_mp=resident_ctas(self.key), preferred_smem_carveout=SMEM_CARVEOUT_MAX)
@@ -249,7 +259,7 @@ class FusedForward:
                mU: cute.Tensor, mKG: cute.Tensor, mQG: cute.Tensor, mCuSeqlens: cute.Tensor,
                scale: cutlass.Float32, tma_tiles, tiles_x: cutlass.Int32,
                intra_mma: cute.TiledMma, copy_qk: cute.TiledCopy, copy_g: cute.TiledCopy,
-               l_copy: cute.TiledCopy, akk_store_copy: cute.TiledCopy, wu_mma: cute.TiledMma,
+               l_copy: cute.TiledCopy, akk_store_copy: cute.TiledCopy, wu_mma: cute.TiledMma, tma_stores,
                sA_layout: cute.ComposedLayout, sKp_layout: cute.ComposedLayout,
                sVp_layout: cute.ComposedLayout, sOutW_layout: cute.ComposedLayout,
                sOutU_layout: cute.ComposedLayout):
@@ -276,7 +286,8 @@ class FusedForward:
             kp_home.get_tensor(sOutW_layout),
             storage.vp.get_tensor(sOutU_layout),
         )
-        ops = (intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma)
+        # tma_stores: W's and U's `make_tma_store_tile`s with `FusedConfig.stores` "tma", else None
+        ops = (intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma, tma_stores)
         tensors = (mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens)
         # Registers of the tile whose loads are in flight: its v rows and this thread's beta.
         rV = self.row_vectors(self.head_v)
@@ -323,6 +334,8 @@ class FusedForward:
                 self.load_tile(tensors, smem, ops, batch, cutlass.Int32(head), row0, rows, rV, rBeta, "all", mbar)
                 self.compute_tile(tensors, smem, ops, scale, batch, cutlass.Int32(head), row0, rows, rV, rBeta, mbar,
                                   phase)
+        if cutlass.const_expr(self.tma_stores):
+            cute.arch.cp_async_bulk_wait_group(0, read=True)  # the staging tiles live until the stores read them
 
     @cute.jit
     def tile_at(self, tensors: cutlass.Constexpr, tile: cutlass.Int32, tiles: cutlass.Int32,
@@ -399,7 +412,7 @@ class FusedForward:
         comes from the same device function, on the same operands, as in `one_group_tile`."""
         mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens = tensors
         sQ, sK, sG, sBeta, sL, sX00, sX, sA, sKp, sVp, sOutW, sOutU = smem
-        intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma = ops
+        intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma, _ = ops  # no TMA stores with 8 warps
         C = self.chunk
         tidx, warp_idx, lane = self.loads_landed(sBeta, rBeta, valid_rows, *landed)
         group_tidx = tidx % GROUP_THREADS
@@ -486,7 +499,7 @@ class FusedForward:
         rows of phase 4."""
         mQ, mK, mV, mG, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens = tensors
         sQ, sK, sG, sBeta, sL, sX00, sX, sA, sKp, sVp, sOutW, sOutU = smem
-        intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma = ops
+        intra_mma, copy_qk, copy_g, l_copy, akk_store_copy, wu_mma, tma_stores = ops
         C = self.chunk
         ahead = cutlass.const_expr(next_tile is not None)
         gates_early = cutlass.const_expr(ahead and not self.output_qg and self.config.gate_rows == "early")
@@ -550,8 +563,13 @@ class FusedForward:
         if cutlass.const_expr(recompute):
             if cutlass.const_expr(kp_in_vp):  # W staged in Kp's tile, U in Vp's, as always
                 sKp, sVp, sOutW, sOutU = sVp, sKp, sOutU, sOutW
+            tma_out = None
+            if cutlass.const_expr(self.tma_stores):
+                tma_out = tuple((atom, cute.domain_offset((row0, head * cute.size(mX, mode=[3])),
+                                                          tiles[None, None, batch]))
+                                for (atom, tiles), mX in zip(tma_stores, (mW, mU)))
             products_w_u(wu_mma, sA, sKp, sVp, sOutW, sOutU, chunk_rows(mW, batch, head, row0, C),
-                         chunk_rows(mU, batch, head, row0, C), valid_rows, tidx)
+                         chunk_rows(mU, batch, head, row0, C), valid_rows, tidx, tma_out)
 
     @cute.jit
     def loads_landed(self, sBeta: cute.Tensor, rBeta: cute.Tensor, valid_rows: cutlass.Int32, mbar: cutlass.Constexpr,
@@ -563,6 +581,8 @@ class FusedForward:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
         wait_tile_loads(self.load_path, mbar[0], phase)
+        if cutlass.const_expr(self.tma_stores):
+            cute.arch.cp_async_bulk_wait_group(0, read=True)  # the last tile's staging tiles are read: free again
         if tidx < self.chunk:
             sBeta[tidx] = beta_row(rBeta[0], tidx, valid_rows)
         cute.arch.sync_threads()

@@ -11,7 +11,7 @@ Shared by `templates/recompute_wu.py` (inputs from global memory) and `templates
   Kp's).
 - `store_akk`: Akk rows (register vectors) -> the shared A tile, rows >= valid_rows as zero.
 - `product`: W or U = io_RN(Akk @ B) with mma.sync m16n8k16 from the shared tiles, staged and
-  stored with 16-byte row stores.
+  stored with 16-byte row stores or, given TMA atoms (`make_tma_store_tile`), one TMA box per warp and panel.
 Output destinations are [chunk, D] tile views of global tensors (rows of this chunk). Every 16-bit
 tensor (k, v, q, Akk, the shared tiles, the outputs) has the key's io dtype, bf16 or fp16; the
 functions take it from their tensors' element types.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass._mlir.dialects import llvm
-from cutlass.cute.nvgpu import warp
+from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cutlass_dsl import dsl_user_op
 
 from kdajit.keys import HEAD_DIMS
@@ -58,12 +58,49 @@ def swizzled_layout(shape: tuple, contiguous_mode: int, line: int):
 class RecomputeLayouts:
     """The shared layouts of the recompute phase for chunk C and head dims K, V."""
 
-    def __init__(self, chunk: int, head_k: int, head_v: int):
+    def __init__(self, chunk: int, head_k: int, head_v: int, panels: bool = False):
         self.akk = swizzled_layout((chunk, chunk), contiguous_mode=1, line=chunk)   # Akk (i, j), K-major
         self.kp = swizzled_layout((head_k, chunk), contiguous_mode=0, line=64)      # Kp as B: (d, j)
         self.vp = swizzled_layout((head_v, chunk), contiguous_mode=0, line=64)      # Vp as B: (d, j)
-        self.out_w = swizzled_layout((chunk, head_k), contiguous_mode=1, line=head_k)  # W staging
-        self.out_u = swizzled_layout((chunk, head_v), contiguous_mode=1, line=head_v)  # U staging
+        # W, U staging; `panels`: 64-column panels of the 128-byte swizzle, which a TMA store box reads as they are
+        self.out_w = swizzled_layout((chunk, head_k), contiguous_mode=1, line=64 if panels else head_k)
+        self.out_u = swizzled_layout((chunk, head_v), contiguous_mode=1, line=64 if panels else head_v)
+
+
+TMA_BOX = (16, 64)  # one warp's rows x one staging panel's columns
+# The panels' Swizzle<3, 3, 3> on 16-bit element offsets, seen on byte addresses: the form a TMA descriptor's 128-byte
+# swizzle and a swizzled pointer take (docs/performance.md, twenty-sixth session)
+PANEL_SWIZZLE_BYTES = (3, 4, 3)
+
+
+def make_tma_store_tile(mX: cute.Tensor):
+    """(TMA atom, TMA coordinate tensor) that store a warp's 16 rows x 64 columns of an output tile from its
+    128-byte-swizzled staging panel (`RecomputeLayouts.out_w`) into the contiguous [B, T, H, D] tensor mX (D a
+    multiple of 64) viewed as [T, H * D, B] (host side; `FusedConfig.stores` "tma")."""
+    cols = cute.size(mX, mode=[3])
+    rows = cute.make_tensor(mX.iterator, cute.make_layout((mX.shape[1], mX.shape[2] * cols, mX.shape[0]),
+                                                          stride=(mX.stride[1], 1, mX.stride[0])))
+    box = cute.make_composed_layout(cute.make_swizzle(*PANEL_SWIZZLE_BYTES), 0,
+                                    cute.make_layout(TMA_BOX, stride=(TMA_BOX[1], 1)))
+    return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), rows, box, TMA_BOX)
+
+
+@cute.jit
+def store_warp_rows_tma(tma_out: cutlass.Constexpr, sOut: cute.Tensor, warp_row0: cutlass.Int32):
+    """The TMA stores of this warp's 16 staged rows (`make_tma_store_tile`; tma_out = (atom, coordinate tensor of
+    the tile's [chunk, D] rows)), one box per 64-column panel, as one bulk group; the caller has fenced the staging
+    writes for the async proxy and synchronized the warp."""
+    atom, gOut = tma_out
+    chunk = cute.size(sOut, mode=[0])
+    for p in cutlass.range_constexpr(cute.size(sOut, mode=[1]) // TMA_BOX[1]):
+        base = cute.recast_ptr(sOut.iterator + (p * chunk + warp_row0) * TMA_BOX[1],
+                               swizzle_=cute.make_swizzle(*PANEL_SWIZZLE_BYTES))
+        sBox = cute.make_tensor(base, cute.make_layout(TMA_BOX, stride=(TMA_BOX[1], 1)))
+        gBox = cute.local_tile(gOut, TMA_BOX, (warp_row0 // TMA_BOX[0], p))
+        tS, tG = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sBox, 0, 2),
+                                       cute.group_modes(gBox, 0, 2))
+        cute.copy(atom, tS, tG)
+    cute.arch.cp_async_bulk_commit_group()
 
 
 def product_threads(chunk: int) -> int:
@@ -285,16 +322,18 @@ def load_akk_fragments(tiled_mma: cute.TiledMma, sA: cute.Tensor, tidx: cutlass.
 @cute.jit
 def products_w_u(tiled_mma: cute.TiledMma, sA: cute.Tensor, sKp: cute.Tensor, sVp: cute.Tensor,
                  sOutW: cute.Tensor, sOutU: cute.Tensor, dW: cute.Tensor, dU: cute.Tensor,
-                 valid_rows: cutlass.Int32, tidx: cutlass.Int32):
+                 valid_rows: cutlass.Int32, tidx: cutlass.Int32, tma_out: cutlass.Constexpr = None):
     """W = Akk @ Kp, then U = Akk @ Vp (sOutW/sOutU alias sKp/sVp) by 4 warps; the caller synchronizes
     before. At chunk 32 (two warps per product) warps 0-1 multiply W while warps 2-3 multiply U, each pair
-    on its own named barrier."""
+    on its own named barrier. `tma_out`: None, or W's and U's (atom, coordinate tensor) for `product`'s TMA
+    stores (4 warps only)."""
     threads = product_threads(cute.size(sA, mode=[0]))
     if cutlass.const_expr(threads == NUM_WARPS * 32):
         tCrA = load_akk_fragments(tiled_mma, sA, tidx)
         s2r_B = b_operand_copy(tiled_mma, sKp.element_type)
-        product(tiled_mma, s2r_B, tCrA, sKp, sOutW, dW, valid_rows, tidx)
-        product(tiled_mma, s2r_B, tCrA, sVp, sOutU, dU, valid_rows, tidx)
+        tma_w, tma_u = tma_out if cutlass.const_expr(tma_out is not None) else (None, None)
+        product(tiled_mma, s2r_B, tCrA, sKp, sOutW, dW, valid_rows, tidx, tma_out=tma_w)
+        product(tiled_mma, s2r_B, tCrA, sVp, sOutU, dU, valid_rows, tidx, tma_out=tma_u)
     else:
         products_by_groups(tiled_mma, sA, sKp, sVp, sOutW, sOutU, dW, dU, valid_rows, tidx % threads,
                            tidx < threads)
@@ -356,9 +395,11 @@ def b_operand_copy(tiled_mma: cute.TiledMma, dtype) -> cute.TiledCopy:
 @cute.jit
 def product(tiled_mma: cute.TiledMma, s2r_B: cute.TiledCopy, tCrA: cute.Tensor, sB: cute.Tensor,
             sOut: cute.Tensor, dOut: cute.Tensor, valid_rows: cutlass.Int32, tidx: cutlass.Int32,
-            group: cutlass.Constexpr = None):
+            group: cutlass.Constexpr = None, tma_out: cutlass.Constexpr = None):
     """dOut rows < valid_rows = io_RN(Akk @ B) (io: dOut's element type), staged through sOut (which aliases sB).
-    `group`: the barrier of the warps that read sB (`sync_group`; None: the whole CTA)."""
+    `group`: the barrier of the warps that read sB (`sync_group`; None: the whole CTA). `tma_out`: None, or
+    (atom, coordinate tensor of dOut's rows) of `make_tma_store_tile`: a warp whose 16 rows are all valid stores
+    them by TMA (`store_warp_rows_tma`; the caller waits for the bulk group's reads before reusing sOut)."""
     thr_mma = tiled_mma.get_slice(tidx)
     tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
     thr_s2r_B = s2r_B.get_slice(tidx)
@@ -373,12 +414,27 @@ def product(tiled_mma: cute.TiledMma, s2r_B: cute.TiledCopy, tCrA: cute.Tensor, 
     rOut.store(acc.load().to(dOut.element_type))
     sync_group(group)  # every warp has finished reading sB: it becomes the staging tile
     cute.autovec_copy(rOut, thr_mma.partition_C(sOut))
-    # Warp w's accumulator rows are 16w .. 16w+15 (MMA atoms 4x1x1 along M), and it copies out
-    # exactly those rows: a warp barrier orders the staging.
-    cute.arch.sync_warp()
-
-    lane = tidx % 32
     warp_row0 = (tidx // 32) * 16
+    if cutlass.const_expr(tma_out is not None):
+        if warp_row0 + TMA_BOX[0] <= valid_rows:
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.sync_warp()
+            store_warp_rows_tma(tma_out, sOut, warp_row0)
+        else:
+            cute.arch.sync_warp()
+            store_staged_rows(sOut, dOut, valid_rows, tidx, warp_row0)
+    else:
+        # Warp w's accumulator rows are 16w .. 16w+15 (MMA atoms 4x1x1 along M), and it copies out
+        # exactly those rows: a warp barrier orders the staging.
+        cute.arch.sync_warp()
+        store_staged_rows(sOut, dOut, valid_rows, tidx, warp_row0)
+
+
+@cute.jit
+def store_staged_rows(sOut: cute.Tensor, dOut: cute.Tensor, valid_rows: cutlass.Int32, tidx: cutlass.Int32,
+                      warp_row0: cutlass.Int32):
+    """This warp's 16 staged rows < valid_rows, from sOut to dOut by 16-byte row pieces."""
+    lane = tidx % 32
     col_tiles = cute.size(sOut, mode=[1]) // VEC
     rows_per_pass = 32 // col_tiles
     col_tile = lane % col_tiles

@@ -128,6 +128,38 @@ def test_fused_refuses_configs_that_do_not_fit():
     assert cls.can_implement(largest.fused_key(FusedConfig(True, 1, "head", 1)))
 
 
+def test_tma_stores_only_where_a_warp_stores_whole_panels():
+    spec = ForwardSpec("bf16", "cu32", 128, 128, 64, False, "sm_90a")
+    cls = compiler.template_class(spec.fused_key())
+    tma = FusedConfig(True, 2, "head", 1, stores="tma")
+    threads = dataclasses.replace(tma, stores="threads")
+    for other in (spec, dataclasses.replace(spec, head_v=64), dataclasses.replace(spec, head_k=64, head_v=64)):
+        assert cls.can_implement(other.fused_key(tma))
+    for other in (dataclasses.replace(spec, head_k=100, head_v=100),  # rows that end inside a 64-column panel
+                  dataclasses.replace(spec, chunk=32)):  # W and U by two warps each
+        assert cls.can_implement(other.fused_key(threads)) and not cls.can_implement(other.fused_key(tma))
+    assert not cls.can_implement(spec.fused_key(FusedConfig(True, 2, "head", 0, 8, stores="tma")))  # 8 warps
+    assert not cls.can_implement(spec.fused_key(FusedConfig(stores="tma")))  # one tile per CTA: the defaults
+    assert not cls.can_implement(spec.fused_key(dataclasses.replace(tma, stores="bulk")))
+
+
+def test_tma_stores_emit_tma_stores_and_threads_none(tmp_path):
+    """`FusedConfig.stores` "tma" stores W and U by TMA boxes (two 64-column panels each at K = V = 128) and waits
+    for their reads; "threads" has neither. A knob that silently kept the per-thread stores would pass every bitwise
+    test."""
+    spec = ForwardSpec("bf16", "dense", 128, 128, 64, False, "sm_90a")
+    found = {}
+    for stores in keys.STORE_PATHS:
+        key = spec.fused_key(FusedConfig(True, 2, "head", 1, stores=stores))
+        ptx_dir = tmp_path / stores
+        ptx_dir.mkdir()
+        compiler.compile_template(compiler.template_class(key)(key), key.arch, os.fspath(ptx_dir))
+        ptx = "".join(p.read_text() for p in ptx_dir.rglob("*.ptx"))
+        found[stores] = (ptx.count("cp.async.bulk.tensor.3d.global.shared::cta"),
+                         ptx.count("cp.async.bulk.wait_group.read"))
+    assert found == {"threads": (0, 0), "tma": (4, 2)}
+
+
 def test_every_untuned_fused_configuration_is_buildable():
     """What `forward` runs without a tuning record must fit every K, V it may meet (a shared-memory change that
     broke it would otherwise surface only as a compile error in a user's first call)."""
