@@ -36,6 +36,9 @@ python benchmarks/fused_phases.py --export .gpu-cache/pany/head --gate any --onl
 # tile-w8 (forward's configurations there until 0959a4a), and all three in persistent-c2-head-a1 (since then), beside
 # its gate_rows="early-vbuf" form (a1-gv: whole and computing alone)
 variant_words() { printf "$1.%s " "${@:2}"; }  # variant_words CONFIG VARIANT...: fused_phases --only words
+# W and U by TMA stores (FusedConfig.stores, a probe config of fused_phases): beside a1 and a1-r1 in the repeat stage
+python benchmarks/fused_phases.py --export .gpu-cache/phases --only \
+  $(variant_words persistent-c2-head-a1-ts all compute-only) $(variant_words persistent-c2-head-a1-r1-ts all compute-only)
 phase_variants() { variant_words "$1" loads loads+intra loads+intra+inverse all compute-only; }
 a1=persistent-c2-head-a1
 gv=$(variant_words $a1-gv all compute-only)
