@@ -60,7 +60,9 @@ PROBE_CONFIGS = {"persistent-c1-head-a1": dict(persistent=True, ctas_per_sm=1, r
                  "persistent-c2-head-a1-ts": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
                                                   stores="tma"),
                  "persistent-c2-head-a1-r1-ts": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
-                                                     intra_unroll=1, stores="tma")}
+                                                     intra_unroll=1, stores="tma"),
+                 "persistent-c2-head-a1-gv-ts": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
+                                                     gate_rows="early-vbuf", stores="tma")}
 ALL_VARIANTS = {**VARIANTS, **PROBE_VARIANTS}
 ALL_CONFIGS = {**CONFIGS, **PROBE_CONFIGS}
 

@@ -322,6 +322,19 @@ def row_piece(dRow: cute.Tensor, col, elems: int) -> cute.Tensor:
                             cute.make_layout(elems))
 
 
+def heads_as_columns(mX: cute.Tensor) -> cute.Tensor:
+    """The contiguous [B, T, H, D] tensor mX viewed as [T, H * D, B]: the global view of the TMA tiles (host side),
+    whose coordinate tensors `tma_chunk_coords` indexes."""
+    return cute.make_tensor(mX.iterator, cute.make_layout((mX.shape[1], mX.shape[2] * mX.shape[3], mX.shape[0]),
+                                                          stride=(mX.stride[1], 1, mX.stride[0])))
+
+
+def tma_chunk_coords(coords: cute.Tensor, batch, head, row0, cols: int) -> cute.Tensor:
+    """A `heads_as_columns` TMA coordinate tensor moved to row row0, column 0 of head `head` (D = `cols`) of batch
+    `batch`: coordinates of one chunk's rows, for `cute.local_tile` boxes."""
+    return cute.domain_offset((row0, head * cols), coords[None, None, batch])
+
+
 def chunk_rows(mX: cute.Tensor, batch, head, row0, rows: int) -> cute.Tensor:
     """The [rows, D] view of a [B, T, H, D] tensor's rows row0 .. row0 + rows - 1 of one head."""
     return cute.local_tile(cute.domain_offset((row0, 0), mX[batch, None, head, None]),

@@ -84,7 +84,7 @@ from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, GATE_ROWS, HEAD_
                          RASTER_ORDERS, STORE_PATHS, VARLEN_MODES, FusedForwardKey, head_dim_supported,
                          padded_head_dim)
 from kdajit.templates.common import (DTYPES, IO_TYPES, SEQ_CURSOR_START, chunk_coords, chunk_rows, fake_arguments,
-                                    grid_shape, make_struct, make_tf32_mma, sync_group, walk_coords)
+                                    grid_shape, make_struct, make_tf32_mma, sync_group, tma_chunk_coords, walk_coords)
 from kdajit.templates.tile_intra import (beta_row, init_tile_loads, intra_tile, issue_tile_loads, loads_mbar_fields,
                                          loads_of, make_row_copy, make_tma_tiles, padded_pitch, padded_tile_layout,
                                          wait_tile_loads, warp_schedule)
@@ -565,9 +565,8 @@ class FusedForward:
                 sKp, sVp, sOutW, sOutU = sVp, sKp, sOutU, sOutW
             tma_out = None
             if cutlass.const_expr(self.tma_stores):
-                tma_out = tuple((atom, cute.domain_offset((row0, head * cute.size(mX, mode=[3])),
-                                                          tiles[None, None, batch]))
-                                for (atom, tiles), mX in zip(tma_stores, (mW, mU)))
+                tma_out = tuple((atom, tma_chunk_coords(coords, batch, head, row0, cute.size(mX, mode=[3])))
+                                for (atom, coords), mX in zip(tma_stores, (mW, mU)))
             products_w_u(wu_mma, sA, sKp, sVp, sOutW, sOutU, chunk_rows(mW, batch, head, row0, C),
                          chunk_rows(mU, batch, head, row0, C), valid_rows, tidx, tma_out)
 
@@ -575,8 +574,8 @@ class FusedForward:
     def loads_landed(self, sBeta: cute.Tensor, rBeta: cute.Tensor, valid_rows: cutlass.Int32, mbar: cutlass.Constexpr,
                      phase: cutlass.Int32):
         """Wait for this tile's loads (`wait_tile_loads`: with `mbar`, `load_tile`'s, on the mbarrier paths those of
-        mbarrier phase `phase`), convert its beta (rBeta) into sBeta, synchronize the CTA; returns (thread index, warp
-        index, lane)."""
+        mbarrier phase `phase`) and, with TMA stores, for the last tile's stores to have read their staging tiles;
+        convert its beta (rBeta) into sBeta, synchronize the CTA; returns (thread index, warp index, lane)."""
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()

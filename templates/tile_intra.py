@@ -22,8 +22,8 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import dsl_user_op
 
 from kdajit.keys import padded_head_dim
-from kdajit.templates.common import (IO_TYPES, RN, chunk_rows, global_vec, ptx_asm, qk_head, tf32, tf32x3_gemm,
-                                     widened)
+from kdajit.templates.common import (IO_TYPES, RN, chunk_rows, global_vec, heads_as_columns, ptx_asm, qk_head, tf32,
+                                     tf32x3_gemm, tma_chunk_coords, widened)
 
 SUB = 16        # rows of one sub-block (the MMA M)
 MMA_K = 8       # head-dim step of one mma.sync m16n8k8
@@ -287,10 +287,8 @@ def make_tma_tile(mX: cute.Tensor, chunk: int):
     cols = cute.size(mX, mode=[3])
     assert tma_loadable(mX.element_type, cols), f"no TMA tile of {cols} {mX.element_type} columns"
     pitch = padded_pitch(mX.element_type, cols)
-    rows = cute.make_tensor(mX.iterator, cute.make_layout((mX.shape[1], mX.shape[2] * cols, mX.shape[0]),
-                                                          stride=(mX.stride[1], 1, mX.stride[0])))
     box = cute.make_layout((chunk, pitch), stride=(pitch, 1))
-    return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), rows, box, (chunk, pitch))
+    return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), heads_as_columns(mX), box, (chunk, pitch))
 
 
 @cute.jit
@@ -315,7 +313,7 @@ def issue_tma_tiles(pieces: cutlass.Constexpr, mbar_ptr: cute.Pointer, batch: cu
             rows = cute.size(sX, mode=[0])
             pitch = sX.stride[0]
             sBox = cute.make_tensor(sX.iterator, cute.make_layout((rows, pitch), stride=(pitch, 1)))
-            gBox = cute.local_tile(cute.domain_offset((row0, head * cute.size(sX, mode=[1])), tiles[None, None, batch]),
+            gBox = cute.local_tile(tma_chunk_coords(tiles, batch, head, row0, cute.size(sX, mode=[1])),
                                    (rows, pitch), (0, 0))
             tXs, tXg = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sBox, 0, 2),
                                              cute.group_modes(gBox, 0, 2))

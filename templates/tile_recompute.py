@@ -25,7 +25,8 @@ from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cutlass_dsl import dsl_user_op
 
 from kdajit.keys import HEAD_DIMS
-from kdajit.templates.common import global_vec, ptx_asm, row_piece, sync_group, widened
+from kdajit.templates.common import (global_vec, heads_as_columns, ptx_asm, row_piece, sync_group, tma_chunk_coords,
+                                     widened)
 
 VEC = 8  # columns per thread access: 16 bytes of bf16 / fp16 (two 16-byte loads for the fp32 gate)
 NUM_WARPS = 4
@@ -76,23 +77,25 @@ PANEL_SWIZZLE_BYTES = (3, 4, 3)
 def make_tma_store_tile(mX: cute.Tensor):
     """(TMA atom, TMA coordinate tensor) that store a warp's 16 rows x 64 columns of an output tile from its
     128-byte-swizzled staging panel (`RecomputeLayouts.out_w`) into the contiguous [B, T, H, D] tensor mX (D a
-    multiple of 64) viewed as [T, H * D, B] (host side; `FusedConfig.stores` "tma")."""
+    multiple of 64: a box never crosses into the next head's columns) viewed as [T, H * D, B] (`heads_as_columns`;
+    host side; `FusedConfig.stores` "tma")."""
     cols = cute.size(mX, mode=[3])
-    rows = cute.make_tensor(mX.iterator, cute.make_layout((mX.shape[1], mX.shape[2] * cols, mX.shape[0]),
-                                                          stride=(mX.stride[1], 1, mX.stride[0])))
+    assert cols % TMA_BOX[1] == 0, f"no TMA store boxes of {TMA_BOX[1]} columns in rows of {cols}"
     box = cute.make_composed_layout(cute.make_swizzle(*PANEL_SWIZZLE_BYTES), 0,
                                     cute.make_layout(TMA_BOX, stride=(TMA_BOX[1], 1)))
-    return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), rows, box, TMA_BOX)
+    return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), heads_as_columns(mX), box, TMA_BOX)
 
 
 @cute.jit
 def store_warp_rows_tma(tma_out: cutlass.Constexpr, sOut: cute.Tensor, warp_row0: cutlass.Int32):
     """The TMA stores of this warp's 16 staged rows (`make_tma_store_tile`; tma_out = (atom, coordinate tensor of
-    the tile's [chunk, D] rows)), one box per 64-column panel, as one bulk group; the caller has fenced the staging
-    writes for the async proxy and synchronized the warp."""
+    the tile's [chunk, D] rows, `tma_chunk_coords`)), one box per 64-column panel, as one bulk group; the caller
+    has fenced the staging writes for the async proxy and synchronized the warp."""
     atom, gOut = tma_out
     chunk = cute.size(sOut, mode=[0])
     for p in cutlass.range_constexpr(cute.size(sOut, mode=[1]) // TMA_BOX[1]):
+        # panel p's rows are elements p * chunk * 64 .. (p + 1) * chunk * 64 - 1 (`swizzled_layout` tiles the 8-row
+        # atoms down the rows first), one 64-element line per row
         base = cute.recast_ptr(sOut.iterator + (p * chunk + warp_row0) * TMA_BOX[1],
                                swizzle_=cute.make_swizzle(*PANEL_SWIZZLE_BYTES))
         sBox = cute.make_tensor(base, cute.make_layout(TMA_BOX, stride=(TMA_BOX[1], 1)))

@@ -3,7 +3,8 @@
 `kdajit.forward` runs the fused kernel on sm_90a; `kdajit.intra` + `kdajit.recompute_w_u` run the
 standalone kernels. Every output of every fused configuration (`kdajit.keys.FUSED_CONFIG_SPACE`: one
 tile per CTA, or persistent CTAs with 1 or 2 CTAs per SM, either raster order, loads issued one tile
-ahead or not, 4 or 8 warps) must equal the standalone route's bits, for both beta dtypes, dense and varlen (int32 and
+ahead or not, 4 or 8 warps, each gate-row schedule and intra unroll, W and U stored by threads or by TMA) must
+equal the standalone route's bits, for both beta dtypes, dense and varlen (int32 and
 int64 cu_seqlens), with and without QG, on partial chunks, 1-token and empty sequences, and on shapes
 with many more tiles than CTAs (so every persistent CTA walks several tiles and reuses its shared
 memory). Outputs are poisoned with NaN before each call.
