@@ -34,7 +34,7 @@ def probe_class():
 
     from kdajit.templates.common import make_struct
     from kdajit.templates.tile_recompute import (RecomputeLayouts, b_operand_copy, load_akk_fragments,
-                                                 make_recompute_mma)
+                                                 make_recompute_mma, product_sums)
 
     class ProductProbe:
         """C[n] = A[n] @ B[n] (A [n, 64, 64], B [n, 64, 128] bf16; C fp32) by one route, one CTA per n."""
@@ -94,22 +94,11 @@ def probe_class():
             for e in cutlass.range(tidx, CHUNK * HEAD, 128, unroll=1):
                 sB[e % HEAD, e // HEAD] = gB[e // HEAD, e % HEAD]
             if cutlass.const_expr(self.route == "sync"):
-                # tile_recompute.product's mainloop, without its bf16 rounding and staging: the raw fp32 sums
+                # tile_recompute.product's own sums, before its bf16 rounding and staging: the raw fp32 values
                 cute.arch.sync_threads()
-                thr_mma = tiled_mma.get_slice(tidx)
-                tCrA = load_akk_fragments(tiled_mma, sA, tidx)
-                s2r_B = b_operand_copy(tiled_mma, cutlass.BFloat16)
-                tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-                thr_s2r_B = s2r_B.get_slice(tidx)
-                tBsB = thr_s2r_B.partition_S(sB)
-                tBrB = thr_s2r_B.retile(tCrB)
-                tCgC = thr_mma.partition_C(gC)
-                acc = tiled_mma.make_fragment_C(tCgC)
-                acc.fill(0.0)
-                for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-                    cute.copy(s2r_B, tBsB[None, None, kb], tBrB[None, None, kb])
-                    cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
-                cute.autovec_copy(acc, tCgC)
+                acc = product_sums(tiled_mma, b_operand_copy(tiled_mma, cutlass.BFloat16),
+                                   load_akk_fragments(tiled_mma, sA, tidx), sB, gC, tidx)
+                cute.autovec_copy(acc, tiled_mma.get_slice(tidx).partition_C(gC))
             else:
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.sync_threads()

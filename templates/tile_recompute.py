@@ -396,6 +396,25 @@ def b_operand_copy(tiled_mma: cute.TiledMma, dtype) -> cute.TiledCopy:
 
 
 @cute.jit
+def product_sums(tiled_mma: cute.TiledMma, s2r_B: cute.TiledCopy, tCrA: cute.Tensor, sB: cute.Tensor,
+                 dC: cute.Tensor, tidx: cutlass.Int32) -> cute.Tensor:
+    """Thread `tidx`'s fp32 accumulator of Akk @ B (tCrA: its Akk fragments; sB: the shared B tile read by ldmatrix),
+    partitioned as `tiled_mma` partitions the [chunk, D] tile dC: +0, then the k-steps of 16 in ascending order
+    (docs/numerics.md). `product` rounds and stores it."""
+    thr_mma = tiled_mma.get_slice(tidx)
+    tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+    thr_s2r_B = s2r_B.get_slice(tidx)
+    tBsB = thr_s2r_B.partition_S(sB)
+    tBrB = thr_s2r_B.retile(tCrB)
+    acc = tiled_mma.make_fragment_C(thr_mma.partition_C(dC))
+    acc.fill(0.0)
+    for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+        cute.copy(s2r_B, tBsB[None, None, kb], tBrB[None, None, kb])
+        cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
+    return acc
+
+
+@cute.jit
 def product(tiled_mma: cute.TiledMma, s2r_B: cute.TiledCopy, tCrA: cute.Tensor, sB: cute.Tensor,
             sOut: cute.Tensor, dOut: cute.Tensor, valid_rows: cutlass.Int32, tidx: cutlass.Int32,
             group: cutlass.Constexpr = None, tma_out: cutlass.Constexpr = None):
@@ -404,15 +423,7 @@ def product(tiled_mma: cute.TiledMma, s2r_B: cute.TiledCopy, tCrA: cute.Tensor, 
     (atom, coordinate tensor of dOut's rows) of `make_tma_store_tile`: a warp whose 16 rows are all valid stores
     them by TMA (`store_warp_rows_tma`; the caller waits for the bulk group's reads before reusing sOut)."""
     thr_mma = tiled_mma.get_slice(tidx)
-    tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-    thr_s2r_B = s2r_B.get_slice(tidx)
-    tBsB = thr_s2r_B.partition_S(sB)
-    tBrB = thr_s2r_B.retile(tCrB)
-    acc = tiled_mma.make_fragment_C(thr_mma.partition_C(sOut))
-    acc.fill(0.0)
-    for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-        cute.copy(s2r_B, tBsB[None, None, kb], tBrB[None, None, kb])
-        cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb], acc)
+    acc = product_sums(tiled_mma, s2r_B, tCrA, sB, sOut, tidx)
     rOut = cute.make_rmem_tensor_like(acc, dOut.element_type)
     rOut.store(acc.load().to(dOut.element_type))
     sync_group(group)  # every warp has finished reading sB: it becomes the staging tile
