@@ -20,7 +20,7 @@ import torch  # noqa: E402
 
 t_torch = time.perf_counter()
 import kdajit  # noqa: E402
-from kdajit import cache, compiler, env, linked_loader, reference  # noqa: E402
+from kdajit import api, cache, compiler, env, linked_loader, reference, validate  # noqa: E402
 from kdajit.keys import ForwardSpec  # noqa: E402
 
 t_kdajit = time.perf_counter()
@@ -35,6 +35,39 @@ def per_call_us(fn, calls: int = 2000) -> float:
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) / calls * 1e6
+
+
+def itemized_us(args: tuple) -> dict[str, float]:
+    """Per-call host time of each step of a steady-state dense `forward` (issue 12's itemisation), each timed alone in
+    a loop of its own: validation, the kernels' lookup, the output allocations, the launch (its arguments' conversion
+    by TVM-FFI included), and the whole call."""
+    q, k, v, gk, beta = args
+    problem = validate.check_forward_inputs(q, k, v, gk, beta, None, 64, {})
+    device_index = api._device_index(q)
+
+    def lookup():
+        return api._kernels(problem, 64, False, device_index, intra=True, recompute=True, seqs=problem.batch)
+
+    def allocate():
+        return api._intra_outputs(None, problem, q) + api._recompute_outputs(None, gk, v, q, False)
+
+    kernels, outputs, cu = lookup(), allocate(), api._cu_seqlens_arg(None, q.device)
+    scale = problem.head_k ** -0.5
+
+    def launch():
+        if kernels.fused is not None:
+            api._run_fused(q, k, v, gk, beta, scale, cu, kernels, *outputs)
+        else:
+            api._run_intra(q, k, gk, beta, scale, cu, kernels, *outputs[:2])
+            api._run_recompute(k, v, beta, outputs[1], gk, None, cu, kernels, *outputs[2:])
+
+    items = {"validation": per_call_us(lambda: validate.check_forward_inputs(q, k, v, gk, beta, None, 64, {})),
+             "kernel lookup": per_call_us(lookup),
+             f"output allocation ({sum(t is not None for t in outputs)} tensors)": per_call_us(allocate),
+             f"launch ({'fused' if kernels.fused is not None else 'standalone'})": per_call_us(launch)}
+    items["sum of the steps"] = sum(items.values())
+    items["whole forward call"] = per_call_us(lambda: kdajit.forward(*args))
+    return items
 
 
 def main() -> int:
@@ -69,6 +102,7 @@ def main() -> int:
     cu = torch.tensor([0, 50, 128], dtype=torch.int32, device="cuda")
     kdajit.forward(*args, cu_seqlens=cu)  # load the varlen kernels outside the timing
     print(f"host time per forward call, dense: {per_call_us(lambda: kdajit.forward(*args)):.1f} us")
+    print("itemised, dense (us per call): " + ", ".join(f"{name} {us:.1f}" for name, us in itemized_us(args).items()))
     op_call = lambda: torch.ops.kdajit.forward(*args, 128 ** -0.5, None, 64, False)  # noqa: E731
     print(f"host time per call of the custom op kdajit::forward (what a torch.compile graph calls), dense: "
           f"{per_call_us(op_call):.1f} us")

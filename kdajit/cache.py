@@ -58,10 +58,12 @@ _WARNED: set[str] = set()
 _STAT_NAMES = ("memory_hits", "disk_hits", "misses", "compiles", "compile_s", "load_s", "published",
                "quarantined", "disk_errors", "lock_wait_s", "lock_timeouts")
 _STATS: dict[str, float] = dict.fromkeys(_STAT_NAMES, 0)
+_generation = 0  # bumped by `clear`: callers that memoize looked-up kernels compare it (`generation`)
 
 
 def stats() -> dict:
-    """Counters of this process: memory_hits (lookups served by the kernel table), disk_hits, misses
+    """Counters of this process: memory_hits (lookups served in memory: by the kernel table, or by a caller's
+    memo of it, which reports them through `count_memory_hits`), disk_hits, misses
     (lookups that went past the table), compiles, compile_s, load_s, published, quarantined,
     disk_errors, lock_wait_s, lock_timeouts; plus `kernels_in_memory`."""
     out = dict(_STATS)
@@ -74,10 +76,23 @@ def clear() -> None:
 
     Kernels already handed out stay valid; the disk cache is untouched (see `kdajit cache clear`).
     """
+    global _generation
     with _SLOW_PATH:
         _KERNELS.clear()
         _STATS.update(dict.fromkeys(_STAT_NAMES, 0))
         _WARNED.clear()
+        _generation += 1
+
+
+def generation() -> int:
+    """A number that changes whenever the kernel table is cleared: what a caller that memoizes `get_kernels`' answer
+    checks before reusing it (so that after `clear` the next call loads again, as documented)."""
+    return _generation
+
+
+def count_memory_hits(lookups: int) -> None:
+    """Count `lookups` served by a caller's memo of `get_kernels` as memory hits (`stats`)."""
+    _STATS["memory_hits"] += lookups
 
 
 def _warn_once(topic: str, message: str, disk_error: bool = True) -> None:

@@ -75,15 +75,34 @@ _RECORDS: dict[TuningKey, TuningRecord] = {}  # records this process read, tuned
 _FORCED: set[TuningKey] = set()
 _WARNED: set[str] = set()
 _LOCK = threading.RLock()
+_generation = 0  # bumped by every change of _CHOICES: callers that memoize a choice compare it (`generation`)
 
 
 def clear() -> None:
     """Forget this process's choices and records (the disk is untouched)."""
     with _LOCK:
-        _CHOICES.clear()
+        _forget_choices()
         _RECORDS.clear()
         _FORCED.clear()
         _WARNED.clear()
+
+
+def generation() -> int:
+    """A number that changes whenever a memoized choice of `config_for` may have changed (cleared, tuned, demoted,
+    a record adopted): what a caller that memoizes `config_for`'s answer checks before reusing it."""
+    return _generation
+
+
+def _choose(memo: tuple, config: FusedConfig) -> None:
+    global _generation
+    _CHOICES[memo] = config
+    _generation += 1
+
+
+def _forget_choices() -> None:
+    global _generation
+    _CHOICES.clear()
+    _generation += 1
 
 
 def _warn_once(topic: str, message: str) -> None:
@@ -176,7 +195,7 @@ def _config_slow(memo, spec, device_index, tokens, heads, seqs, prepare, shape) 
         mode = env.autotune_mode()
         untuned = spec.untuned_fused_config
         if mode == "off" or tokens == 0:  # an empty call launches nothing: nothing to time
-            _CHOICES[memo] = untuned
+            _choose(memo, untuned)
             return untuned
         key = tuning_key(spec, device_index, tokens, heads, seqs)
         record = find_record(key)
@@ -193,7 +212,7 @@ def _config_slow(memo, spec, device_index, tokens, heads, seqs, prepare, shape) 
                 _warn_once(f"failed:{key}", f"kdajit: tuning {key.name()} failed ({type(e).__name__}: {e}); "
                                             f"using {'its stored record' if record else 'the untuned configuration'}")
         config = record.winner if record else untuned
-        _CHOICES[memo] = config
+        _choose(memo, config)
         return config
 
 
@@ -201,7 +220,7 @@ def demote(spec: ForwardSpec, device_index: int, tokens: int, heads: int, seqs: 
     """Run the reference configuration for this workload bucket from now on in this process (the chosen
     configuration's kernel cannot be had: `why`)."""
     with _LOCK:
-        _CHOICES[_memo_key(spec, device_index, tokens, heads, seqs)] = REFERENCE
+        _choose(_memo_key(spec, device_index, tokens, heads, seqs), REFERENCE)
         _warn_once(f"demote:{spec}", f"kdajit: the tuned configuration of {spec.fused_key().spec_slug()} cannot be "
                                      f"used ({why}); running the reference configuration")
 
@@ -320,7 +339,7 @@ def _input_sets(x: tune_guard.Inputs, spec: ForwardSpec, device: torch.device) -
 def _remember(record: TuningRecord) -> None:
     """Use `record` in this process from now on."""
     _RECORDS[record.key] = record
-    _CHOICES.clear()  # memoized choices of its bucket may have changed
+    _forget_choices()  # memoized choices of its bucket may have changed
 
 
 def _store(record: TuningRecord) -> None:

@@ -39,3 +39,11 @@ def _fresh_validation_memo(monkeypatch):
     leave entries behind that would let the next test's CPU tensors through."""
     from kdajit import validate
     monkeypatch.setattr(validate, "_VALID_SIGNATURES", {})
+
+
+@pytest.fixture(autouse=True)
+def _fresh_kernels_memo(monkeypatch):
+    """kdajit.api memoizes each call's kernels: a test that stubs the lookups (cache.get_kernels, api._spec) must not
+    leave answers behind for the next test's calls."""
+    from kdajit import api
+    monkeypatch.setattr(api, "_KERNELS_MEMO", {})

@@ -281,6 +281,44 @@ def test_one_table_fetches_only_what_a_call_runs_and_counts_steady_state_hits(fa
     assert len(fake_disk) == 5  # cleared: looked up again
 
 
+def test_a_repeated_call_reuses_its_kernels_until_the_table_a_choice_or_the_route_changes(fake_disk, monkeypatch):
+    """api._kernels memoizes a call's kernels (host cost); the memo must not outlive what it was read from."""
+    from kdajit import api, tuner
+
+    tuner.clear()
+    monkeypatch.setattr(api, "_sm_count", lambda index: 132)
+    spec = ForwardSpec("bf16", "dense", 128, 128, 64, False, "sm_90a")
+    lookups = []
+    real_get_kernels = cache.get_kernels
+    monkeypatch.setattr(cache, "get_kernels", lambda keys: lookups.append(tuple(keys)) or real_get_kernels(keys))
+
+    def call():
+        return api._kernels(_problem(), 64, False, 0, intra=True, recompute=True, seqs=1)
+
+    first = call()
+    # The first call's choice was memoized during its lookups (a new tuner generation): the second looks up once more
+    assert call() == first and lookups == [(spec.fused_key(spec.untuned_fused_config),)] * 2
+    hits = cache.stats()["memory_hits"]
+    for _ in range(3):
+        assert call() == first
+    assert len(lookups) == 2 and cache.stats()["memory_hits"] == hits + 3  # served by the memo, still counted
+    cache.clear()
+    call()
+    assert len(lookups) == 3 and len(fake_disk) == 2  # the table was cleared: looked up and loaded again
+    with pytest.warns(tuner.KdajitTuningWarning):
+        tuner.demote(spec, 0, 64, 1, 1, "a test")  # the tuner's choice for this workload changes
+    assert call().fused is not None and lookups[-1] == (spec.fused_key(),)
+    monkeypatch.setenv("KDAJIT_FORWARD_ROUTE", "standalone")
+    assert call().fused is None and lookups[-1] == (spec.intra_key(), spec.inverse_key(), spec.recompute_key())
+    monkeypatch.setattr(tuner, "may_tune", lambda: False)  # as under CUDA-graph capture: a choice is not kept
+    monkeypatch.delenv("KDAJIT_FORWARD_ROUTE")
+    tuner.clear()
+    call()
+    call()
+    assert lookups[-2:] == [(spec.fused_key(spec.untuned_fused_config),)] * 2
+    tuner.clear()
+
+
 def test_disable_jit_names_every_missing_kernel_of_the_call_and_only_those(tmp_path, monkeypatch):
     from kdajit import api
 
