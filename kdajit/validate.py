@@ -278,9 +278,10 @@ def _check_outputs(outputs: dict[str, object], problem: Problem, inputs: dict[st
         seen.append((f"out.{name}", (device, start, end)))
 
 
-# Signatures of valid calls without `out=` -> their Problem. Bounded (a server with many distinct lengths
+# Signatures of valid calls without `out=` -> (their Problem, each tensor's (name, base-address alignment in bytes),
+# in check_forward_inputs' order: what `_address` checks, computed once). Bounded (a server with many distinct lengths
 # would add one per length); cleared when full.
-_VALID_SIGNATURES: dict[tuple, Problem] = {}
+_VALID_SIGNATURES: dict[tuple, tuple[Problem, tuple[tuple[str, int], ...]]] = {}
 _MAX_SIGNATURES = 1024
 
 
@@ -311,11 +312,12 @@ def check_forward_inputs(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tenso
     re-checks what the signature leaves out: the base addresses' alignment and cu_seqlens' values.
     """
     signature = None if outputs or more_tensors else _signature(q, k, v, gk, beta, cu_seqlens, chunk_size)
-    problem = _VALID_SIGNATURES.get(signature) if signature is not None else None
-    if problem is not None:
-        for name, t in (("q", q), ("k", k), ("v", v), ("gk", gk), ("beta", beta), ("cu_seqlens", cu_seqlens)):
-            if t is not None:
-                _address(name, t)
+    known = _VALID_SIGNATURES.get(signature) if signature is not None else None
+    if known is not None:
+        problem, alignments = known
+        for (name, align), t in zip(alignments, (q, k, v, gk, beta, cu_seqlens)):
+            if t is not None and t.data_ptr() % align:
+                _address(name, t)  # misaligned unless empty: raises with the full message
         if cu_seqlens is not None:
             _check_cu_values(cu_seqlens, problem.tokens)
         return problem
@@ -361,7 +363,9 @@ def check_forward_inputs(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tenso
     if signature is not None:
         if len(_VALID_SIGNATURES) >= _MAX_SIGNATURES:
             _VALID_SIGNATURES.clear()
-        _VALID_SIGNATURES[signature] = problem
+        _VALID_SIGNATURES[signature] = (problem, tuple(
+            (name, max(ALIGNMENT[name], t.element_size()) if t is not None else 1)
+            for name, t in (("q", q), ("k", k), ("v", v), ("gk", gk), ("beta", beta), ("cu_seqlens", cu_seqlens))))
     return problem
 
 
