@@ -2,30 +2,30 @@
 # GPU work on the project's lent H200 in one device call, as named stages:
 #   bash benchmarks/h200_session.sh STAGE...        (carry .gpu, and .gpu-cache/cpu.tar.xz if present)
 # Stages: tests (demo + the whole GPU suite), core (tests without the FLA-backend file and the FLA-ratio accuracy
-# runs; CORE_LIMIT seconds, default 300), core_fla (core and dslfree, the FLA tests in the background), flatests (the
-# FLA-backend tests and the FLA-ratio coverage tests; FLA_K narrows them), suite (demo + the GPU suite but the fused
-# and FLA-backend files, which have their own stages), fused (fused-kernel GPU tests), bench (bench_forward, every
-# row, with --plot), benchmain (the two main rows, every fused configuration; BENCH_ROWS, BENCH_CONFIGS, BENCH_LIMIT),
-# benchcov (the coverage rows, tile configurations), phases (fused_phases, objects from the tarball; PHASES_ONLY
-# narrows them to "CONFIG.VARIANT CONFIG.VARIANT ..."), phasespad (the K = 60 / 64 / 100 phase variants; PAD_K names
-# one head size, PHASES_ONLY narrows them), compare (COMPARE_BASE's fused kernels against this tree's, bit for bit;
-# benchmarks/compare_objects.py), extra (experiments' objects from other trees under .gpu-cache/extra/: phases and bit
-# comparisons; EXTRA_EXPS names some of them, in order), repeat (main's K = 128 phase variants and the experiments',
-# in interleaved rounds: the spread beside each difference; EXTRA_EXPS, REPEAT_ROUNDS, REPEAT_ONLY), phasesany
-# (fused_phases --gate any on each object directory under the tarball's pany/; PANY_DIRS, PANY_SCALES narrow it),
-# dslfree (benchmarks/dsl_free_load.py), host (bench_host), tune (kdajit tune at the two tuning-evidence shapes),
-# fla (FLA-backend GPU tests and bench), flabench
-# (bench_fla_backend alone), stress (determinism replays), stressnoqg (replays without QG, forward's tile-w8 route),
-# stressrest (stress but the bf16 run), stress10m_fla (the 10M run beside the FLA-backend tests), stressconfigs
-# (replays under other fused configurations), sanitizer (compute-sanitizer, docs/reliability.md; SANITIZER_TOOLS picks
-# tools, SANITIZER_FILES and SANITIZER_K the tests), probe (racecheck of benchmarks/racecheck_probe.py, with and
-# without named barriers), anygate (tests/test_gpu_any_gate.py but the FLA ratios), anygate_fla (those), fla_ratio
-# (the FLA-ratio accuracy tests of forward, coverage and any gate: a numerics change's check; FLA_RATIO_K narrows
-# them), benchany (bench_forward --gate any, main rows; BENCH_CONFIGS), ncu (Nsight Compute on one launch of the
-# fused_phases variants NCU_VARIANTS, default tile-w8.all, of NCU_OBJECTS at head size NCU_KV, default the tarball's
-# phases/ at 128, summarized by benchmarks/ncu_report.py; needs a machine whose runtime lets ncu read the counters:
-# Firecracker, not gVisor). A stage named bg:STAGE runs beside the stages after it (its failure status is not kept;
-# read its log); `wait` joins it.
+# runs; CORE_LIMIT seconds, default 460: 406 s on an H100, 2026-12-07), core_fla (core and dslfree, the FLA tests in
+# the background), flatests (the FLA-backend tests and the FLA-ratio coverage tests; FLA_K narrows them), suite (demo
+# + the GPU suite but the fused and FLA-backend files, which have their own stages), fused (fused-kernel GPU tests),
+# bench (bench_forward, every row, with --plot), benchmain (the two main rows, every fused configuration; BENCH_ROWS,
+# BENCH_CONFIGS, BENCH_LIMIT), benchcov (the coverage rows, tile configurations), phases (fused_phases, objects from
+# the tarball; PHASES_ONLY narrows them to "CONFIG.VARIANT CONFIG.VARIANT ..."), phasespad (the K = 60 / 64 / 100
+# phase variants; PAD_K names one head size, PHASES_ONLY narrows them), compare (COMPARE_BASE's fused kernels against
+# this tree's, bit for bit; benchmarks/compare_objects.py), extra (experiments' objects from other trees under
+# .gpu-cache/extra/: phases and bit comparisons; EXTRA_EXPS names some of them, in order), repeat (main's K = 128
+# phase variants and the experiments', in interleaved rounds: the spread beside each difference; EXTRA_EXPS,
+# REPEAT_ROUNDS, REPEAT_ONLY), phasesany (fused_phases --gate any on each object directory under the tarball's pany/;
+# PANY_DIRS, PANY_SCALES narrow it), dslfree (benchmarks/dsl_free_load.py), host (bench_host), tune (kdajit tune at
+# the two tuning-evidence shapes), fla (FLA-backend GPU tests and bench), flabench (bench_fla_backend alone), stress
+# (determinism replays), stressnoqg (replays without QG, forward's tile-w8 route), stressrest (stress but the bf16
+# run), stress10m_fla (the 10M run beside the FLA-backend tests), stressconfigs (replays under other fused
+# configurations), sanitizer (compute-sanitizer, docs/reliability.md; SANITIZER_TOOLS picks tools, SANITIZER_FILES and
+# SANITIZER_K the tests), probe (racecheck of benchmarks/racecheck_probe.py, with and without named barriers), anygate
+# (tests/test_gpu_any_gate.py but the FLA ratios), anygate_fla (those), fla_ratio (the FLA-ratio accuracy tests of
+# forward, coverage and any gate: a numerics change's check; FLA_RATIO_K narrows them), benchany (bench_forward --gate
+# any, main rows; BENCH_CONFIGS), ncu (Nsight Compute on one launch of the fused_phases variants NCU_VARIANTS, default
+# tile-w8.all, of NCU_OBJECTS at head size NCU_KV, default the tarball's phases/ at 128, summarized by
+# benchmarks/ncu_report.py; needs a machine whose runtime lets ncu read the counters: Firecracker, not gVisor). A
+# stage named bg:STAGE runs beside the stages after it (its failure status is not kept; read its log); `wait` joins
+# it.
 # Each stage has its own time limit; logs and JSON go to $OUT (or ./out), and all of them into $OUT/00-outputs.tgz (a
 # device call returns only 8 files). The bundle (.gpu) supplies CuTe DSL, TVM-FFI and FLA.
 # `bash benchmarks/h200_precompile.sh` cross-compiles on the CPU machine every kernel the stages need into
@@ -99,7 +99,7 @@ run_stage() {
       stage gpu_tests 420 python3 -m pytest -q -m gpu -rfE --durations=15 tests ;;
     core)  # the GPU suite but the FLA backend file and the four FLA-ratio accuracy runs (~160 s of FLA time)
       stage demo 120 python3 -m kdajit demo
-      stage core "${CORE_LIMIT:-300}" python3 -m pytest -q -m gpu -rfE --durations=10 tests --ignore=tests/test_gpu_fla_backend.py \
+      stage core "${CORE_LIMIT:-460}" python3 -m pytest -q -m gpu -rfE --durations=10 tests --ignore=tests/test_gpu_fla_backend.py \
         -k "not accuracy_within_contract_factor_of_fla" ;;
     fla_ratio)  # a numerics change's check: the FLA-ratio accuracy tests of forward, the coverage specializations and the
       # any-gate path (FLA_RATIO_K narrows them, default the dense cases; -s keeps their printed errors)

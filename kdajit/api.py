@@ -1,7 +1,8 @@
 """Public API: validate, pick the specialization, fetch compiled kernels, allocate outputs, launch.
 
-The first call of a specialization compiles (or loads from the disk cache); later calls do one lookup
-in the cache's kernel table per kernel they run and launch through TVM-FFI on the caller's current CUDA stream.
+The first call of a specialization compiles (or loads from the disk cache); a later call of the same validated
+shapes finds its kernels in one memo lookup (`_kernels`; else one lookup in the cache's kernel table per kernel)
+and launches through TVM-FFI on the caller's current CUDA stream.
 """
 from __future__ import annotations
 
