@@ -54,9 +54,12 @@ CONFIGS = {"tile": dict(), "tile-w8": dict(warps=8),  # persistent: 8 warps, 4 a
                                             gate_rows="early-vbuf"),
            "persistent-c2-head-a1-r1": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
                                             intra_unroll=1)}
-# Exported and timed only where named or present, as the probe variants: one CTA per SM (against c2, how much of the
-# time a second CTA's warps hide or share), and W and U stored by TMA (`FusedConfig.stores`)
+# Exported and timed only where named or present, as the probe variants: one or three CTAs per SM (against c2, how much
+# of the time a second or third CTA's warps hide or share), and W and U stored by TMA (`FusedConfig.stores`)
 PROBE_CONFIGS = {"persistent-c1-head-a1": dict(persistent=True, ctas_per_sm=1, raster="head", loads_ahead=1),
+                 # three CTAs per SM: buildable where a CTA fits a third of the SM (K <= 64 here; K = 128 in a tree
+                 # whose tiles share bytes, docs/performance.md's twenty-eighth session)
+                 "persistent-c3-head-a1": dict(persistent=True, ctas_per_sm=3, raster="head", loads_ahead=1),
                  "persistent-c2-head-a1-ts": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
                                                   stores="tma"),
                  "persistent-c2-head-a1-r1-ts": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
