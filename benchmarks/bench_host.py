@@ -37,10 +37,11 @@ def per_call_us(fn, calls: int = 2000) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def itemized_us(args: tuple) -> dict[str, float]:
+def itemised_us(args: tuple) -> dict[str, float]:
     """Per-call host time of each step of a steady-state dense `forward` (issue 12's itemisation), each timed alone in
     a loop of its own: validation, the kernels' lookup, the output allocations, the launch (its arguments' conversion
-    by TVM-FFI included), and the whole call."""
+    by TVM-FFI included; on the standalone route also the fp32 L workspace the intra kernel writes), and the whole
+    call."""
     q, k, v, gk, beta = args
     problem = validate.check_forward_inputs(q, k, v, gk, beta, None, 64, {})
     device_index = api._device_index(q)
@@ -102,7 +103,7 @@ def main() -> int:
     cu = torch.tensor([0, 50, 128], dtype=torch.int32, device="cuda")
     kdajit.forward(*args, cu_seqlens=cu)  # load the varlen kernels outside the timing
     print(f"host time per forward call, dense: {per_call_us(lambda: kdajit.forward(*args)):.1f} us")
-    print("itemised, dense (us per call): " + ", ".join(f"{name} {us:.1f}" for name, us in itemized_us(args).items()))
+    print("itemised, dense (us per call): " + ", ".join(f"{name} {us:.1f}" for name, us in itemised_us(args).items()))
     op_call = lambda: torch.ops.kdajit.forward(*args, 128 ** -0.5, None, 64, False)  # noqa: E731
     print(f"host time per call of the custom op kdajit::forward (what a torch.compile graph calls), dense: "
           f"{per_call_us(op_call):.1f} us")

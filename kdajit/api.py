@@ -37,11 +37,12 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-# `_kernels`' answers by call: (the tuner's and the cache's generations when it was found, the answer). A repeated
-# call then costs one lookup instead of its spec, its tuned configuration, its key and the kernel table's lookups
-# (host cost, docs/performance.md); a changed choice or a cleared kernel table makes the next call look up again.
-# Bounded like kdajit.validate's signatures.
-_KERNELS_MEMO: dict[tuple, tuple[tuple[int, int], _Kernels]] = {}
+# `_kernels`' answers by call, valid while the tuner's and the cache's generations are `_kernels_memo_stamp`: a repeated
+# call then costs one lookup instead of its spec, its tuned configuration, its key and the kernel table's lookups (host
+# cost, docs/performance.md). A changed choice or a cleared kernel table empties it. Bounded like kdajit.validate's
+# signatures.
+_KERNELS_MEMO: dict[tuple, _Kernels] = {}
+_kernels_memo_stamp: tuple[int, int] = (-1, -1)
 _MAX_KERNELS_MEMO = 1024
 
 
@@ -53,36 +54,42 @@ def _kernels(problem, chunk: int, output_qg: bool, device_index: int, *, intra: 
     and/or recompute. The fused kernel runs in `fused_config`, else in the configuration the tuner
     picks for the workload (`seqs` sequences; `shape` describes the call if it has to be tuned). `safe_gate`:
     the intra products' gate path (kdajit.keys.ForwardSpec). Memoized per call (`_KERNELS_MEMO`)."""
-    route = env.forward_route()
+    global _kernels_memo_stamp
+    spec = _spec(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk, output_qg, device_index,
+                 problem.io_dtype, safe_gate)
+    route = env.forward_route() if intra and recompute and spec.uses_fused else None  # only where it picks the route
+    stamp = (tuner.generation(), cache.generation())
+    if stamp != _kernels_memo_stamp:
+        _KERNELS_MEMO.clear()
+        _kernels_memo_stamp = stamp
     memo = (problem, chunk, output_qg, device_index, intra, recompute, fused_config, seqs, safe_gate, route)
-    stamp = (tuner.generation(), cache.generation())  # before the lookups: a change during them is not kept
-    known = _KERNELS_MEMO.get(memo)
-    if known is not None and known[0] == stamp:
-        kernels = known[1]
+    kernels = _KERNELS_MEMO.get(memo)
+    if kernels is not None:
         cache.count_memory_hits(sum(fn is not None for fn in kernels[:4]))
         return kernels
-    kernels = _look_up_kernels(problem, chunk, output_qg, device_index, intra, recompute, fused_config, seqs, shape,
-                               safe_gate, route)
-    # A choice made while a CUDA graph is captured is not the tuner's memoized one (it tunes on a later call).
-    if fused_config is not None or kernels.fused is None or tuner.may_tune():
+    kernels = _look_up_kernels(spec, problem, device_index, intra, recompute, fused_config, seqs, shape, safe_gate,
+                               route)
+    # Kept only if nothing changed meanwhile (a demotion, another thread's clear), and not for a choice made under
+    # CUDA-graph capture, which the tuner does not keep either (it tunes on a later call).
+    unchanged = (tuner.generation(), cache.generation()) == stamp
+    if unchanged and (fused_config is not None or kernels.fused is None or tuner.may_tune()):
         if len(_KERNELS_MEMO) >= _MAX_KERNELS_MEMO:
             _KERNELS_MEMO.clear()
-        _KERNELS_MEMO[memo] = (stamp, kernels)
+        _KERNELS_MEMO[memo] = kernels
     return kernels
 
 
-def _look_up_kernels(problem, chunk: int, output_qg: bool, device_index: int, intra: bool, recompute: bool,
+def _look_up_kernels(spec: ForwardSpec, problem, device_index: int, intra: bool, recompute: bool,
                      fused_config: FusedConfig | None, seqs: int, shape: Callable[[], tuner.TuneShape] | None,
-                     safe_gate: bool, route: str) -> _Kernels:
-    """`_kernels` without its memo, under KDAJIT_FORWARD_ROUTE `route`."""
-    spec = _spec(problem.beta_dtype, problem.varlen, problem.head_k, problem.head_v, chunk, output_qg, device_index,
-                 problem.io_dtype, safe_gate)
+                     safe_gate: bool, route: str | None) -> _Kernels:
+    """`_kernels` without its memo, for the call's `spec`, under KDAJIT_FORWARD_ROUTE `route` (None where it does not
+    pick the route: a call of one stage, or an arch without the fused kernel)."""
     fused_route = intra and recompute and spec.uses_fused and route == "auto"
     if fused_config is None and spec.untuned_fused_config is None:
         fused_route = False  # the standalone kernels are faster here; a given fused_config still runs the fused kernel
     if fused_config is not None and not fused_route:
         raise ValueError(f"fused_config={fused_config} was given, but this call runs the standalone kernels "
-                         f"(arch {spec.arch}, KDAJIT_FORWARD_ROUTE={route}); expected a call of the "
+                         f"(arch {spec.arch}, KDAJIT_FORWARD_ROUTE={env.forward_route()}); expected a call of the "
                          f"fused route")
     if fused_route:
         tuned = fused_config is None

@@ -58,7 +58,8 @@ _WARNED: set[str] = set()
 _STAT_NAMES = ("memory_hits", "disk_hits", "misses", "compiles", "compile_s", "load_s", "published",
                "quarantined", "disk_errors", "lock_wait_s", "lock_timeouts")
 _STATS: dict[str, float] = dict.fromkeys(_STAT_NAMES, 0)
-_generation = 0  # bumped by `clear`: callers that memoize looked-up kernels compare it (`generation`)
+# Bumped by `clear`, after the table is emptied: callers that memoize looked-up kernels compare it (`generation`).
+_generation = 0
 
 
 def stats() -> dict:

@@ -75,7 +75,10 @@ _RECORDS: dict[TuningKey, TuningRecord] = {}  # records this process read, tuned
 _FORCED: set[TuningKey] = set()
 _WARNED: set[str] = set()
 _LOCK = threading.RLock()
-_generation = 0  # bumped by every change of _CHOICES: callers that memoize a choice compare it (`generation`)
+# Bumped after every change of a memoized choice (an entry of _CHOICES replaced, or all of them forgotten), never by a
+# new entry: callers that memoize `config_for`'s answers compare it (`generation`). The state changes first, the
+# number second, so a caller that reads the number before its lookups never keeps an answer older than the number.
+_generation = 0
 
 
 def clear() -> None:
@@ -88,18 +91,23 @@ def clear() -> None:
 
 
 def generation() -> int:
-    """A number that changes whenever a memoized choice of `config_for` may have changed (cleared, tuned, demoted,
-    a record adopted): what a caller that memoizes `config_for`'s answer checks before reusing it."""
+    """A number that changes whenever an answer `config_for` gave may change (a choice demoted, the choices forgotten
+    by `clear`, a tuning run or an adopted record): what a caller that memoizes those answers checks before reusing
+    one. A first choice for a new workload bucket leaves it unchanged (no earlier answer was about that bucket)."""
     return _generation
 
 
 def _choose(memo: tuple, config: FusedConfig) -> None:
+    """Memoize `config` for the workload bucket `memo` (`_memo_key`), under _LOCK."""
     global _generation
+    replaced = memo in _CHOICES
     _CHOICES[memo] = config
-    _generation += 1
+    if replaced:
+        _generation += 1
 
 
 def _forget_choices() -> None:
+    """Forget every memoized choice, under _LOCK."""
     global _generation
     _CHOICES.clear()
     _generation += 1

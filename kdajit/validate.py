@@ -83,8 +83,13 @@ def _layout(name: str, t: torch.Tensor) -> None:
     _address(name, t)
 
 
+def _alignment(name: str, t: torch.Tensor) -> int:
+    """The base-address alignment in bytes that argument `name` needs (at least its element size)."""
+    return max(ALIGNMENT[name], t.element_size())
+
+
 def _address(name: str, t: torch.Tensor) -> None:
-    align = max(ALIGNMENT[name], t.element_size())
+    align = _alignment(name, t)
     if t.numel() and t.data_ptr() % align:
         raise ValueError(f"{name} must start at a {align}-byte aligned address, got {hex(t.data_ptr())} "
                          f"(a view into another tensor? use .clone())")
@@ -278,10 +283,11 @@ def _check_outputs(outputs: dict[str, object], problem: Problem, inputs: dict[st
         seen.append((f"out.{name}", (device, start, end)))
 
 
-# Signatures of valid calls without `out=` -> (their Problem, each tensor's (name, base-address alignment in bytes),
-# in check_forward_inputs' order: what `_address` checks, computed once). Bounded (a server with many distinct lengths
+# Signatures of valid calls without `out=` -> (their Problem, the `_alignment` of each of _SIGNATURE_TENSORS, 1 where
+# the call passed None: what `_address` checks on every call, computed once). Bounded (a server with many distinct lengths
 # would add one per length); cleared when full.
-_VALID_SIGNATURES: dict[tuple, tuple[Problem, tuple[tuple[str, int], ...]]] = {}
+_VALID_SIGNATURES: dict[tuple, tuple[Problem, tuple[int, ...]]] = {}
+_SIGNATURE_TENSORS = ("q", "k", "v", "gk", "beta", "cu_seqlens")  # check_forward_inputs' tensors, in its order
 _MAX_SIGNATURES = 1024
 
 
@@ -315,7 +321,7 @@ def check_forward_inputs(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tenso
     known = _VALID_SIGNATURES.get(signature) if signature is not None else None
     if known is not None:
         problem, alignments = known
-        for (name, align), t in zip(alignments, (q, k, v, gk, beta, cu_seqlens)):
+        for name, align, t in zip(_SIGNATURE_TENSORS, alignments, (q, k, v, gk, beta, cu_seqlens), strict=True):
             if t is not None and t.data_ptr() % align:
                 _address(name, t)  # misaligned unless empty: raises with the full message
         if cu_seqlens is not None:
@@ -364,8 +370,8 @@ def check_forward_inputs(q: torch.Tensor | None, k: torch.Tensor, v: torch.Tenso
         if len(_VALID_SIGNATURES) >= _MAX_SIGNATURES:
             _VALID_SIGNATURES.clear()
         _VALID_SIGNATURES[signature] = (problem, tuple(
-            (name, max(ALIGNMENT[name], t.element_size()) if t is not None else 1)
-            for name, t in (("q", q), ("k", k), ("v", v), ("gk", gk), ("beta", beta), ("cu_seqlens", cu_seqlens))))
+            _alignment(name, t) if t is not None else 1
+            for name, t in zip(_SIGNATURE_TENSORS, (q, k, v, gk, beta, cu_seqlens), strict=True)))
     return problem
 
 

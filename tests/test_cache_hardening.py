@@ -281,11 +281,22 @@ def test_one_table_fetches_only_what_a_call_runs_and_counts_steady_state_hits(fa
     assert len(fake_disk) == 5  # cleared: looked up again
 
 
-def test_a_repeated_call_reuses_its_kernels_until_the_table_a_choice_or_the_route_changes(fake_disk, monkeypatch):
-    """api._kernels memoizes a call's kernels (host cost); the memo must not outlive what it was read from."""
-    from kdajit import api, tuner
+@pytest.fixture
+def fresh_tuner():
+    """The tuner's choices forgotten before and after the test (its demotions and tuning attempts stay in it)."""
+    from kdajit import tuner
 
     tuner.clear()
+    yield tuner
+    tuner.clear()
+
+
+def test_a_repeated_call_reuses_its_kernels_until_the_table_a_choice_or_the_route_changes(fake_disk, fresh_tuner,
+                                                                                          monkeypatch):
+    """api._kernels memoizes a call's kernels (host cost); the memo must not outlive what it was read from."""
+    from kdajit import api
+
+    tuner = fresh_tuner
     monkeypatch.setattr(api, "_sm_count", lambda index: 132)
     spec = ForwardSpec("bf16", "dense", 128, 128, 64, False, "sm_90a")
     lookups = []
@@ -293,30 +304,48 @@ def test_a_repeated_call_reuses_its_kernels_until_the_table_a_choice_or_the_rout
     monkeypatch.setattr(cache, "get_kernels", lambda keys: lookups.append(tuple(keys)) or real_get_kernels(keys))
 
     def call():
-        return api._kernels(_problem(), 64, False, 0, intra=True, recompute=True, seqs=1)
+        return api._kernels(_problem(), 64, False, 0, intra=True, recompute=True, seqs=1, shape=lambda: None)
 
     first = call()
-    # The first call's choice was memoized during its lookups (a new tuner generation): the second looks up once more
-    assert call() == first and lookups == [(spec.fused_key(spec.untuned_fused_config),)] * 2
+    assert lookups == [(spec.fused_key(spec.untuned_fused_config),)] and first.fused is not None
     hits = cache.stats()["memory_hits"]
     for _ in range(3):
         assert call() == first
-    assert len(lookups) == 2 and cache.stats()["memory_hits"] == hits + 3  # served by the memo, still counted
+    assert len(lookups) == 1 and cache.stats()["memory_hits"] == hits + 3  # served by the memo, still counted
     cache.clear()
     call()
-    assert len(lookups) == 3 and len(fake_disk) == 2  # the table was cleared: looked up and loaded again
+    assert len(lookups) == 2 and len(fake_disk) == 2  # the table was cleared: looked up and loaded again
     with pytest.warns(tuner.KdajitTuningWarning):
         tuner.demote(spec, 0, 64, 1, 1, "a test")  # the tuner's choice for this workload changes
     assert call().fused is not None and lookups[-1] == (spec.fused_key(),)
     monkeypatch.setenv("KDAJIT_FORWARD_ROUTE", "standalone")
     assert call().fused is None and lookups[-1] == (spec.intra_key(), spec.inverse_key(), spec.recompute_key())
-    monkeypatch.setattr(tuner, "may_tune", lambda: False)  # as under CUDA-graph capture: a choice is not kept
-    monkeypatch.delenv("KDAJIT_FORWARD_ROUTE")
-    tuner.clear()
+
+
+def test_a_choice_made_under_graph_capture_is_not_memoized(fake_disk, fresh_tuner, monkeypatch):
+    """Under CUDA-graph capture the tuner cannot tune, answers the untuned configuration without keeping it, and tunes
+    on a later call: the call's kernels must not be memoized either, or no later call would tune."""
+    from kdajit import api
+
+    tuner = fresh_tuner
+    monkeypatch.setenv("KDAJIT_AUTOTUNE", "on")  # no record in this cache: a call wants to tune
+    monkeypatch.setattr(api, "_sm_count", lambda index: 132)
+    tuned = []
+    monkeypatch.setattr(tuner, "tune", lambda *args, **kwargs: tuned.append(args[0]))  # no record comes back
+    lookups = []
+    real_get_kernels = cache.get_kernels
+    monkeypatch.setattr(cache, "get_kernels", lambda keys: lookups.append(tuple(keys)) or real_get_kernels(keys))
+
+    def call():
+        return api._kernels(_problem(), 64, False, 0, intra=True, recompute=True, seqs=1, shape=lambda: None)
+
+    monkeypatch.setattr(tuner, "may_tune", lambda: False)
     call()
     call()
-    assert lookups[-2:] == [(spec.fused_key(spec.untuned_fused_config),)] * 2
-    tuner.clear()
+    assert len(lookups) == 2 and not tuned  # looked up each time, never tuned while capturing
+    monkeypatch.setattr(tuner, "may_tune", lambda: True)
+    call()
+    assert len(tuned) == 1  # the first call after the capture tunes
 
 
 def test_disable_jit_names_every_missing_kernel_of_the_call_and_only_those(tmp_path, monkeypatch):
