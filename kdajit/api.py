@@ -41,7 +41,7 @@ def _sm_count(device_index: int) -> int:
 # call then costs one lookup instead of its spec, its tuned configuration, its key and the kernel table's lookups (host
 # cost, docs/performance.md). A changed choice or a cleared kernel table empties it. Bounded like kdajit.validate's
 # signatures.
-_KERNELS_MEMO: dict[tuple, _Kernels] = {}
+_KERNELS_MEMO: dict[tuple, tuple[_Kernels, int]] = {}  # -> (the kernels, how many of them the call runs)
 _kernels_memo_stamp: tuple[int, int] = (-1, -1)
 _MAX_KERNELS_MEMO = 1024
 
@@ -63,10 +63,10 @@ def _kernels(problem, chunk: int, output_qg: bool, device_index: int, *, intra: 
         _KERNELS_MEMO.clear()
         _kernels_memo_stamp = stamp
     memo = (problem, chunk, output_qg, device_index, intra, recompute, fused_config, seqs, safe_gate, route)
-    kernels = _KERNELS_MEMO.get(memo)
-    if kernels is not None:
-        cache.count_memory_hits(sum(fn is not None for fn in kernels[:4]))
-        return kernels
+    known = _KERNELS_MEMO.get(memo)
+    if known is not None:
+        cache.count_memory_hits(known[1])
+        return known[0]
     kernels = _look_up_kernels(spec, problem, device_index, intra, recompute, fused_config, seqs, shape, safe_gate,
                                route)
     # Kept only if nothing changed meanwhile (a demotion, another thread's clear), and not for a choice made under
@@ -75,7 +75,7 @@ def _kernels(problem, chunk: int, output_qg: bool, device_index: int, *, intra: 
     if unchanged and (fused_config is not None or kernels.fused is None or tuner.may_tune()):
         if len(_KERNELS_MEMO) >= _MAX_KERNELS_MEMO:
             _KERNELS_MEMO.clear()
-        _KERNELS_MEMO[memo] = kernels
+        _KERNELS_MEMO[memo] = (kernels, sum(fn is not None for fn in kernels[:4]))
     return kernels
 
 

@@ -291,14 +291,13 @@ def fresh_tuner():
     tuner.clear()
 
 
-def test_a_repeated_call_reuses_its_kernels_until_the_table_a_choice_or_the_route_changes(fake_disk, fresh_tuner,
-                                                                                          monkeypatch):
-    """api._kernels memoizes a call's kernels (host cost); the memo must not outlive what it was read from."""
+@pytest.fixture
+def counted_call(fake_disk, monkeypatch):
+    """(call, lookups): `call()` asks api._kernels for forward's kernels of `_problem()` on an sm_90a with 132 SMs;
+    `lookups` records every key tuple that reached cache.get_kernels."""
     from kdajit import api
 
-    tuner = fresh_tuner
     monkeypatch.setattr(api, "_sm_count", lambda index: 132)
-    spec = ForwardSpec("bf16", "dense", 128, 128, 64, False, "sm_90a")
     lookups = []
     real_get_kernels = cache.get_kernels
     monkeypatch.setattr(cache, "get_kernels", lambda keys: lookups.append(tuple(keys)) or real_get_kernels(keys))
@@ -306,6 +305,15 @@ def test_a_repeated_call_reuses_its_kernels_until_the_table_a_choice_or_the_rout
     def call():
         return api._kernels(_problem(), 64, False, 0, intra=True, recompute=True, seqs=1, shape=lambda: None)
 
+    return call, lookups
+
+
+def test_a_repeated_call_reuses_its_kernels_until_the_table_a_choice_or_the_route_changes(fake_disk, fresh_tuner,
+                                                                                          counted_call, monkeypatch):
+    """api._kernels memoizes a call's kernels (host cost); the memo must not outlive what it was read from."""
+    tuner = fresh_tuner
+    call, lookups = counted_call
+    spec = ForwardSpec("bf16", "dense", 128, 128, 64, False, "sm_90a")
     first = call()
     assert lookups == [(spec.fused_key(spec.untuned_fused_config),)] and first.fused is not None
     hits = cache.stats()["memory_hits"]
@@ -322,23 +330,14 @@ def test_a_repeated_call_reuses_its_kernels_until_the_table_a_choice_or_the_rout
     assert call().fused is None and lookups[-1] == (spec.intra_key(), spec.inverse_key(), spec.recompute_key())
 
 
-def test_a_choice_made_under_graph_capture_is_not_memoized(fake_disk, fresh_tuner, monkeypatch):
+def test_a_choice_made_under_graph_capture_is_not_memoized(fresh_tuner, counted_call, monkeypatch):
     """Under CUDA-graph capture the tuner cannot tune, answers the untuned configuration without keeping it, and tunes
     on a later call: the call's kernels must not be memoized either, or no later call would tune."""
-    from kdajit import api
-
     tuner = fresh_tuner
+    call, lookups = counted_call
     monkeypatch.setenv("KDAJIT_AUTOTUNE", "on")  # no record in this cache: a call wants to tune
-    monkeypatch.setattr(api, "_sm_count", lambda index: 132)
     tuned = []
     monkeypatch.setattr(tuner, "tune", lambda *args, **kwargs: tuned.append(args[0]))  # no record comes back
-    lookups = []
-    real_get_kernels = cache.get_kernels
-    monkeypatch.setattr(cache, "get_kernels", lambda keys: lookups.append(tuple(keys)) or real_get_kernels(keys))
-
-    def call():
-        return api._kernels(_problem(), 64, False, 0, intra=True, recompute=True, seqs=1, shape=lambda: None)
-
     monkeypatch.setattr(tuner, "may_tune", lambda: False)
     call()
     call()
