@@ -2,6 +2,7 @@
 
     python benchmarks/fused_phases.py --export DIR [--chunk 32] [--gate any] [--kv 60] [--varlen]   # compile (no GPU)
     python benchmarks/fused_phases.py [--objects DIR] [--chunk 32] [--gate any] [--kv 60] [--varlen] [--json out.json]
+    python benchmarks/fused_phases.py --objects DIR --sms 132 95 ...   # also on 95 SMs, the others held idle
     ncu --profile-from-start off --clock-control none --set full -o OUT \
         python benchmarks/fused_phases.py --objects DIR --only tile-w8.all --profile    # one launch, under ncu
 
@@ -19,6 +20,8 @@ K = V = 128 unless `--kv` names another head size (the objects of a directory ar
 with `--varlen` the cu32 kernels instead, timed on bench_forward's packed row (32 sequences of lengths uniform in
 1..4096, seed 0, H=64).
 Variants are compiled in this process unless `--objects` names a directory written by `--export`.
+With `--sms N ...` each variant is timed on N SMs of the device, the others held idle (benchmarks/held_sms.py), and
+its time is also printed scaled by N / (the device's SMs): on an H100, N = 95 estimates an H200's time.
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ import argparse
 import json
 import os
 import sys
+
+import held_sms
 
 VARIANTS = {  # name: phases kept
     "loads": ("loads",),
@@ -136,9 +141,11 @@ def export(directory: str, chunk: int, only: list[str] | None, safe_gate: bool, 
 
 
 def time_variants(objects: str | None, chunk: int, only: list[str] | None, profile: bool,
-                  safe_gate: bool, kv: int, gate_scale: float | None = None, varlen: bool = False) -> list[dict]:
-    """Median times of the selected variants; with `profile`, instead one launch of each between
-    cudaProfilerStart and cudaProfilerStop (for `ncu --profile-from-start off`), after a warm-up."""
+                  safe_gate: bool, kv: int, gate_scale: float | None = None, varlen: bool = False,
+                  sm_counts: list[int] | None = None) -> list[dict]:
+    """Median times of the selected variants (with `sm_counts`, on each of those numbers of SMs, the device's others
+    held idle); with `profile`, instead one launch of each between cudaProfilerStart and cudaProfilerStop (for
+    `ncu --profile-from-start off`), after a warm-up."""
     import torch
     import triton.testing
 
@@ -162,16 +169,25 @@ def time_variants(objects: str | None, chunk: int, only: list[str] | None, profi
     inputs = {n: x[n] for n in ("q", "k", "v", "gk", "beta")}
     results = []
     for config_name, name in selected(only, objects):
-        grid_bound = max_ctas(FusedConfig(**ALL_CONFIGS[config_name]), sms)
         phases = ALL_VARIANTS[name]
         if objects:
             fn = compiler.load_object(os.path.join(objects, object_name(config_name, name)))
         else:
             key, kernel = variant_kernel(config_name, phases, chunk, safe_gate, kv, varlen)
             fn = compiler.callable_of(compiler.compile_template(kernel, key.arch))
-        call = lambda: api._launch(fn, FusedForwardKey, **inputs, Aqk=outs[0], Akk=outs[1], w=outs[2],
-                                   u=outs[3], kg=outs[4], qg=qg, cu_seqlens=cu,
-                                   scale=kv ** -0.5, max_ctas=grid_bound)
+        config = FusedConfig(**ALL_CONFIGS[config_name])
+        call_on = lambda on_sms: lambda: api._launch(fn, FusedForwardKey, **inputs, Aqk=outs[0], Akk=outs[1],
+                                                     w=outs[2], u=outs[3], kg=outs[4], qg=qg, cu_seqlens=cu,
+                                                     scale=kv ** -0.5, max_ctas=max_ctas(config, on_sms))
+        call = call_on(sms)
+        row = {"config": config_name, "variant": name, "phases": list(phases), "chunk": chunk, "safe_gate": safe_gate,
+               "kv": kv, "gate_scale": gate_scale, "varlen": varlen}
+        if sm_counts:
+            for n in sm_counts:
+                ms = held_sms.median_ms_on_sms(call_on(n), n, sms)
+                results.append({**row, "sms": n, "device_sms": sms, "ms": ms, "ms_scaled": ms * n / sms})
+                print(f"| {config_name} | {name} | {n} | {ms:.3f} | {ms * n / sms:.3f} |", flush=True)
+            continue
         if profile:
             for _ in range(5):
                 call()
@@ -183,8 +199,7 @@ def time_variants(objects: str | None, chunk: int, only: list[str] | None, profi
             print(f"profiled {config_name}.{name}", flush=True)
             continue
         ms = triton.testing.do_bench(call, warmup=50, rep=300, return_mode="median")
-        results.append({"config": config_name, "variant": name, "phases": list(phases), "chunk": chunk,
-                        "safe_gate": safe_gate, "kv": kv, "gate_scale": gate_scale, "varlen": varlen, "ms": ms})
+        results.append({**row, "ms": ms})
         print(f"| {config_name} | {name} | {ms:.3f} |", flush=True)
     return results
 
@@ -203,18 +218,22 @@ def main(argv=None) -> int:
                         help="the cu32 kernels, timed on bench_forward's packed row (32 sequences, H=64)")
     parser.add_argument("--json", help="write the timings here")
     parser.add_argument("--only", nargs="+", metavar="CONFIG.VARIANT", help="only these variants (e.g. tile-w8.all)")
+    parser.add_argument("--sms", type=int, nargs="+", metavar="N",
+                        help="time each variant on N SMs, the device's others held idle (benchmarks/held_sms.py)")
     parser.add_argument("--profile", action="store_true",
                         help="launch each variant once between cudaProfilerStart/Stop (for ncu) instead of timing")
     args = parser.parse_args(argv)
     if args.export:
         export(args.export, args.chunk, args.only, args.gate == "safe", args.kv, args.varlen)
         return 0
-    if args.profile and args.json:
-        parser.error("--json: nothing is timed with --profile")
-    if not args.profile:
+    if args.profile and (args.json or args.sms):
+        parser.error("--json, --sms: nothing is timed with --profile")
+    if args.sms:
+        print("| config | phases kept | SMs | ms | ms x SMs / device SMs |\n|---|---|---|---|---|")
+    elif not args.profile:
         print("| config | phases kept | ms |\n|---|---|---|")
     results = time_variants(args.objects, args.chunk, args.only, args.profile, args.gate == "safe", args.kv,
-                            args.gate_scale, args.varlen)
+                            args.gate_scale, args.varlen, args.sms)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -7,7 +7,8 @@
 # + the GPU suite but the fused and FLA-backend files, which have their own stages), fused (fused-kernel GPU tests),
 # bench (bench_forward, every row, with --plot), benchmain (the two main rows, every fused configuration; BENCH_ROWS,
 # BENCH_CONFIGS, BENCH_LIMIT), benchcov (the coverage rows, tile configurations), phases (fused_phases, objects from
-# the tarball; PHASES_ONLY narrows them to "CONFIG.VARIANT CONFIG.VARIANT ..."), phasespad (the K = 60 / 64 / 100
+# the tarball; PHASES_ONLY narrows them to "CONFIG.VARIANT CONFIG.VARIANT ..."; PHASES_SMS="132 95" times each on
+# those numbers of SMs, the others held idle: 95 of an H100's estimate an H200), phasespad (the K = 60 / 64 / 100
 # phase variants; PAD_K names one head size, PHASES_ONLY narrows them), compare (COMPARE_BASE's fused kernels against
 # this tree's, bit for bit; benchmarks/compare_objects.py), extra (experiments' objects from other trees under
 # .gpu-cache/extra/: phases and bit comparisons; EXTRA_EXPS names some of them, in order), repeat (main's K = 128
@@ -133,7 +134,7 @@ run_stage() {
         --json "$out/benchcov.json" ;;
     phases)
       stage phases 240 python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases ${PHASES_ONLY:+--only $PHASES_ONLY} \
-        --json "$out/phases.json" ;;
+        ${PHASES_SMS:+--sms $PHASES_SMS} --json "$out/phases.json" ;;
     phasesany)  # the any-gate variants of every object directory under the tarball's pany/ (h200_precompile.sh
       # exports this tree's as pany/head; an experiment adds its own beside it)
       for dir in /tmp/precompiled/pany/*/; do
