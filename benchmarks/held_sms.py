@@ -15,12 +15,16 @@ on the CPU machine.
 
     with hold_sms(132 - 95):
         times = time_on_stream(call)      # the timed kernel, persistent over 95 x CTAs per SM
+
+    python benchmarks/held_sms.py 132 95 110    # the device-to-device copy rate on each number of SMs
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import statistics
+import sys
 import time
 
 HOLD_PTX = r"""
@@ -155,3 +159,30 @@ def median_ms_on_sms(call, sms: int, device_sms: int) -> float:
         raise ValueError(f"sms={sms}: expected 1 .. {device_sms} (this device's SMs)")
     with hold_sms(device_sms - sms):
         return statistics.median(time_on_stream(call))
+
+
+def copy_rate_tbps(sms: int, device_sms: int, gib: float = 2.0) -> float:
+    """Device-to-device copy rate (read + write bytes per second, TB/s) of a `gib` GiB tensor on `sms` SMs."""
+    import torch
+
+    src = torch.empty(int(gib * 2**30) // 4, dtype=torch.float32, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = median_ms_on_sms(lambda: dst.copy_(src), sms, device_sms)
+    return 2 * src.numel() * 4 / (ms * 1e-3) / 1e12
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sms", type=int, nargs="+", help="numbers of SMs to measure the copy rate on")
+    args = parser.parse_args(argv)
+    import torch
+
+    device_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"{torch.cuda.get_device_name(0)}: {device_sms} SMs")
+    for n in args.sms:
+        print(f"copy rate on {n} SMs: {copy_rate_tbps(n, device_sms):.3f} TB/s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
