@@ -1,7 +1,7 @@
 """Time kdajit.forward (fused and standalone routes) against FLA's chunk_kda_fwd_intra in the same process.
 
     python benchmarks/bench_forward.py [--rows all|main|coverage|ROW,ROW...] [--configs [SLUG,...]] [--json out.json]
-                                       [--plot out.png]
+                                       [--plot out.png] [--sms N]
 
 Rows (K = V = 128, bf16 q/k/v, chunk 64, output_qg=False, FLA with safe_gate=True; with `--gate any`, FLA's
 logsigmoid gates, times `--gate-scale`, and safe_gate=False on both sides): B=2 T=8192 H=64 with bf16 and fp32 beta;
@@ -16,6 +16,11 @@ recompute), the ratio FLA / forward, the fraction of the HBM floor (minimal traf
 output written once, at the measured copy rate), and a per-kernel breakdown from the torch profiler. `--configs`
 also times every fused configuration that fits the row (or the ones named, e.g. `--configs tile,tile-w8`). Prints a
 markdown table.
+
+`--sms N` runs everything (the copy rate, FLA, kdajit's persistent grids sized for N SMs) on N of the device's SMs, the
+others held idle (benchmarks/held_sms.py), and reports each time scaled by N / (the device's SMs) and the copy rate by
+the inverse: an estimate for a card of as many SMs at that copy rate per SM (on an H100, N = 95: an H200). The per-kernel
+breakdown is left out there (the profiler would wait for the held SMs).
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import json
 import os
 import sys
 
+import held_sms
 import torch
 
 from kdajit import api, compiler, reference, tuner
@@ -59,9 +65,28 @@ def minimal_bytes(tokens: int, H: int, K: int, V: int, chunk: int, beta_bytes: i
     return inputs + outputs
 
 
+# `--sms N`: (N, the device's SMs) while everything runs on N SMs (`use_sms`), else None
+ON_SMS: tuple[int, int] | None = None
+
+
+def use_sms(sms: int) -> None:
+    """Run this process's timings on `sms` SMs, the others held idle, scaled to the device's SM count (`--sms`);
+    forward's persistent grids are sized for `sms` SMs."""
+    global ON_SMS
+    device_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if not 0 < sms <= device_sms:
+        raise SystemExit(f"--sms {sms}: expected 1 .. {device_sms} (this device's SMs)")
+    ON_SMS = (sms, device_sms)
+    api._sm_count = lambda device_index: sms
+
+
 def bench(fn) -> float:
+    """Median ms of `fn` (with `--sms`: on those SMs, scaled to the device's SM count)."""
     import triton.testing
 
+    if ON_SMS:
+        sms, device_sms = ON_SMS
+        return held_sms.median_ms_on_sms(fn, sms, device_sms) * sms / device_sms
     return triton.testing.do_bench(fn, warmup=100, rep=500, return_mode="median")
 
 
@@ -75,9 +100,11 @@ def copy_tbps() -> float:
 
 
 def kernel_breakdown(fn) -> list[tuple[str, float]]:
-    """CUDA time per kernel name (ms per call), from the torch profiler over 10 calls."""
+    """CUDA time per kernel name (ms per call), from the torch profiler over 10 calls (none with `--sms`)."""
     from torch.profiler import ProfilerActivity, profile
 
+    if ON_SMS:
+        return []
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -142,7 +169,7 @@ def run_row(name: str, configs: str | None, rate_tbps: float, safe_gate: bool = 
 
     r = {"row": name, "B": B, "T": T, "H": H, "qk_heads": H // group, "K": K, "io": io, "tokens": tokens,
          "sequences": sequences, "safe_gate": safe_gate, "gate_scale": None if safe_gate else gate_scale,
-         "chunk": chunk, "beta": beta, "gpu": torch.cuda.get_device_name()}
+         "chunk": chunk, "beta": beta, "gpu": torch.cuda.get_device_name(), "on_sms": ON_SMS}
     r["forward_ms"] = bench(forward_route)
     with standalone_route():
         r["standalone_ms"] = bench(forward_route)
@@ -213,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
                              "40; kdajit's any-gate path takes per-pair sums in the rows of steep gates)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--plot", help="draw time against tokens x heads to this PNG (needs matplotlib)")
+    parser.add_argument("--sms", type=int, metavar="N",
+                        help="run on N SMs, the others held idle, times scaled to the device's SMs (an estimate for "
+                             "a card with the same copy rate per SM; on an H100, 95: an H200)")
     args = parser.parse_args(argv)
     every = [n for n in ROWS if n not in COVERAGE_ROWS]
     names = {"all": every, "main": list(MAIN_ROWS), "coverage": list(COVERAGE_ROWS)}.get(args.rows) \
@@ -223,8 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("bench_forward needs a CUDA GPU")
         return 1
+    if args.sms:
+        use_sms(args.sms)
     rate = copy_tbps()
-    print(f"{torch.cuda.get_device_name()}: copy rate {rate:.2f} TB/s (the floor's rate)", flush=True)
+    estimate = f" (estimated from {ON_SMS[0]} of its {ON_SMS[1]} SMs)" if ON_SMS else ""
+    print(f"{torch.cuda.get_device_name()}: copy rate {rate:.2f} TB/s (the floor's rate){estimate}", flush=True)
     results = []
     for name in names:
         r = run_row(name, args.configs, rate, args.gate == "safe", args.gate_scale)
