@@ -70,7 +70,13 @@ PROBE_CONFIGS = {"persistent-c1-head-a1": dict(persistent=True, ctas_per_sm=1, r
                  "persistent-c2-head-a1-r1-ts": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
                                                      intra_unroll=1, stores="tma"),
                  "persistent-c2-head-a1-gv-ts": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
-                                                     gate_rows="early-vbuf", stores="tma")}
+                                                     gate_rows="early-vbuf", stores="tma"),
+                 "persistent-c2-head-a1-ge-ts": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
+                                                     gate_rows="early", stores="tma"),
+                 "persistent-c2-head-a1-gv-r1": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
+                                                     gate_rows="early-vbuf", intra_unroll=1),
+                 "persistent-c2-head-a1-ge-r1": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
+                                                     gate_rows="early", intra_unroll=1)}
 ALL_VARIANTS = {**VARIANTS, **PROBE_VARIANTS}
 ALL_CONFIGS = {**CONFIGS, **PROBE_CONFIGS}
 
