@@ -9,7 +9,8 @@ been an H100 for fifteen sessions. What the estimate leaves out: the H200's othe
 How the SMs are held: `hold_sms` launches, on its own stream, one CTA per held SM of a kernel that takes more than half
 of an SM's shared memory (so no two share an SM, and no fused CTA of 116 KB fits beside one) and sleeps until
 released. Each records its %smid in pinned host memory; the holder waits until all have started (so they are
-resident before the timed kernel is launched) and checks that they sit on distinct SMs. The kernel is PTX, loaded
+resident before the timed kernel is launched) and checks that they sit on distinct SMs; a holder still unreleased
+after HOLD_LIMIT_S ends and says so (the block then raises: something in it waited for the whole device). The kernel is PTX, loaded
 through the CUDA driver with ctypes (no compiler on the GPU machine): `tests/test_held_sms.py` assembles it with ptxas
 on the CPU machine.
 
@@ -34,11 +35,11 @@ HOLD_PTX = r"""
 
 .extern .shared .align 16 .b8 held_shared[];
 
-.visible .entry hold_sm(.param .u64 release, .param .u64 smids, .param .u64 limit_ns)
+.visible .entry hold_sm(.param .u64 release, .param .u64 smids, .param .u64 limit_ns, .param .u64 ended)
 {
     .reg .pred  %p<3>;
-    .reg .b32   %r<5>;
-    .reg .b64   %rd<9>;
+    .reg .b32   %r<6>;
+    .reg .b64   %rd<11>;
 
     mov.u32         %r1, %tid.x;
     setp.ne.u32     %p1, %r1, 0;
@@ -61,6 +62,9 @@ WAIT:
     sub.u64         %rd7, %rd6, %rd5;
     setp.lt.u64     %p2, %rd7, %rd3;
     @%p2 bra        WAIT;
+    ld.param.u64    %rd8, [ended];
+    mov.u32         %r5, 1;
+    st.relaxed.sys.global.u32 [%rd8], %r5;
 DONE:
     ret;
 }
@@ -114,10 +118,11 @@ def hold_sms(count: int, start_timeout_s: float = 10.0):
     _DRIVER = _DRIVER or _Driver()
     function = _DRIVER.hold_function()
     release = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+    timed_out = torch.zeros(1, dtype=torch.int32, pin_memory=True)  # a holder sets it if it ends unreleased
     smids = torch.full((count,), -1, dtype=torch.int32, pin_memory=True)
     stream = torch.cuda.Stream()
     _DRIVER.launch(function, count, stream.cuda_stream, release.data_ptr(), smids.data_ptr(),
-                   int(HOLD_LIMIT_S * 1e9))
+                   int(HOLD_LIMIT_S * 1e9), timed_out.data_ptr())
     try:
         deadline = time.monotonic() + start_timeout_s
         while (smids < 0).any():
@@ -129,6 +134,9 @@ def hold_sms(count: int, start_timeout_s: float = 10.0):
         if len(set(held)) != count:
             raise RuntimeError(f"held_sms: {count} holders share SMs: {sorted(held)}")
         yield held
+        if int(timed_out[0]):  # e.g. the block synchronized the device, which waits for the holders
+            raise RuntimeError(f"held_sms: the holders ended after {HOLD_LIMIT_S} s, before the block did: its "
+                               f"timings ran partly on every SM")
     finally:
         release[0] = 1
         stream.synchronize()
