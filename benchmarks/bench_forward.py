@@ -65,18 +65,18 @@ def minimal_bytes(tokens: int, H: int, K: int, V: int, chunk: int, beta_bytes: i
     return inputs + outputs
 
 
-# `--sms N`: (N, the device's SMs) while everything runs on N SMs (`use_sms`), else None
-ON_SMS: tuple[int, int] | None = None
+# `--sms N`: (N, the device's SMs, held_sms' method) while everything runs on N SMs (`use_sms`), else None
+ON_SMS: tuple[int, int, str] | None = None
 
 
-def use_sms(sms: int) -> None:
+def use_sms(sms: int, method: str) -> None:
     """Run this process's timings on `sms` SMs, the others held idle, scaled to the device's SM count (`--sms`);
     forward's persistent grids are sized for `sms` SMs."""
     global ON_SMS
     device_sms = torch.cuda.get_device_properties(0).multi_processor_count
     if not 0 < sms <= device_sms:
         raise SystemExit(f"--sms {sms}: expected 1 .. {device_sms} (this device's SMs)")
-    ON_SMS = (sms, device_sms)
+    ON_SMS = (sms, device_sms, method)
     api._sm_count = lambda device_index: sms
 
 
@@ -85,8 +85,8 @@ def bench(fn) -> float:
     import triton.testing
 
     if ON_SMS:
-        sms, device_sms = ON_SMS
-        return held_sms.median_ms_on_sms(fn, sms, device_sms) * sms / device_sms
+        sms, device_sms, method = ON_SMS
+        return held_sms.median_ms_on_sms(fn, sms, device_sms, method) * sms / device_sms
     return triton.testing.do_bench(fn, warmup=100, rep=500, return_mode="median")
 
 
@@ -243,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sms", type=int, metavar="N",
                         help="run on N SMs, the others held idle, times scaled to the device's SMs (an estimate for "
                              "a card with the same copy rate per SM; on an H100, 95: an H200)")
+    parser.add_argument("--sms-method", choices=held_sms.SM_METHODS, default="green",
+                        help="with --sms: a green context of N SMs (default) or the other SMs held idle")
     args = parser.parse_args(argv)
     every = [n for n in ROWS if n not in COVERAGE_ROWS]
     names = {"all": every, "main": list(MAIN_ROWS), "coverage": list(COVERAGE_ROWS)}.get(args.rows) \
@@ -254,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_forward needs a CUDA GPU")
         return 1
     if args.sms:
-        use_sms(args.sms)
+        use_sms(args.sms, args.sms_method)
     rate = copy_tbps()
     estimate = f" (estimated from {ON_SMS[0]} of its {ON_SMS[1]} SMs)" if ON_SMS else ""
     print(f"{torch.cuda.get_device_name()}: copy rate {rate:.2f} TB/s (the floor's rate){estimate}", flush=True)

@@ -148,7 +148,7 @@ def export(directory: str, chunk: int, only: list[str] | None, safe_gate: bool, 
 
 def time_variants(objects: str | None, chunk: int, only: list[str] | None, profile: bool,
                   safe_gate: bool, kv: int, gate_scale: float | None = None, varlen: bool = False,
-                  sm_counts: list[int] | None = None) -> list[dict]:
+                  sm_counts: list[int] | None = None, sm_method: str = "green") -> list[dict]:
     """Median times of the selected variants (with `sm_counts`, on each of those numbers of SMs, the device's others
     held idle); with `profile`, instead one launch of each between cudaProfilerStart and cudaProfilerStop (for
     `ncu --profile-from-start off`), after a warm-up."""
@@ -190,8 +190,9 @@ def time_variants(objects: str | None, chunk: int, only: list[str] | None, profi
                "kv": kv, "gate_scale": gate_scale, "varlen": varlen}
         if sm_counts:
             for n in sm_counts:
-                ms = held_sms.median_ms_on_sms(call_on(n), n, sms)
-                results.append({**row, "sms": n, "device_sms": sms, "ms": ms, "ms_scaled": ms * n / sms})
+                ms = held_sms.median_ms_on_sms(call_on(n), n, sms, sm_method)
+                results.append({**row, "sms": n, "sm_method": sm_method, "device_sms": sms, "ms": ms,
+                                "ms_scaled": ms * n / sms})
                 print(f"| {config_name} | {name} | {n} | {ms:.3f} | {ms * n / sms:.3f} |", flush=True)
             continue
         if profile:
@@ -226,6 +227,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", nargs="+", metavar="CONFIG.VARIANT", help="only these variants (e.g. tile-w8.all)")
     parser.add_argument("--sms", type=int, nargs="+", metavar="N",
                         help="time each variant on N SMs, the device's others held idle (benchmarks/held_sms.py)")
+    parser.add_argument("--sms-method", choices=held_sms.SM_METHODS, default="green",
+                        help="with --sms: a green context of N SMs (default) or the other SMs held idle")
     parser.add_argument("--profile", action="store_true",
                         help="launch each variant once between cudaProfilerStart/Stop (for ncu) instead of timing")
     args = parser.parse_args(argv)
@@ -239,7 +242,7 @@ def main(argv=None) -> int:
     elif not args.profile:
         print("| config | phases kept | ms |\n|---|---|---|")
     results = time_variants(args.objects, args.chunk, args.only, args.profile, args.gate == "safe", args.kv,
-                            args.gate_scale, args.varlen, args.sms)
+                            args.gate_scale, args.varlen, args.sms, args.sms_method)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -142,12 +142,39 @@ def hold_sms(count: int, start_timeout_s: float = 10.0):
         stream.synchronize()
 
 
-def time_on_stream(call, warmup: int = 10, reps: int = 40) -> list[float]:
-    """Milliseconds of each of `reps` calls of `call` on a fresh stream, after `warmup` calls, timed by CUDA events
-    (no device-wide synchronisation, which would wait for the holders)."""
+_CU_DEV_RESOURCE_TYPE_SM = 1
+_DEV_RESOURCE_BYTES = 1024  # a CUdevResource is 144 bytes in CUDA 12.4; room for any later growth
+_SM_COUNT_OFFSET = 96  # CUdevResource.sm.smCount: after the type (4 bytes) and 92 bytes of internal padding
+
+
+@contextlib.contextmanager
+def green_stream(sms: int):
+    """A stream whose kernels run on `sms` SMs only: a CUDA green context (torch.cuda.green_contexts), current inside
+    the block. Yields (stream, the SMs the driver gave it: a partition may be rounded up)."""
+    import torch
+    from torch.cuda.green_contexts import GreenContext
+
+    global _DRIVER
+    torch.zeros(1, device="cuda")
+    _DRIVER = _DRIVER or _Driver()
+    context = GreenContext.create(num_sms=sms, device_id=torch.cuda.current_device())
+    context.set_context()
+    try:
+        current, resource = ctypes.c_void_p(), ctypes.create_string_buffer(_DEV_RESOURCE_BYTES)
+        _DRIVER.check("cuCtxGetCurrent", ctypes.byref(current))
+        _DRIVER.check("cuCtxGetDevResource", current, resource, _CU_DEV_RESOURCE_TYPE_SM)
+        given = ctypes.c_uint.from_buffer(resource, _SM_COUNT_OFFSET).value
+        yield context.Stream(), given
+    finally:
+        context.pop_context()
+
+
+def time_on_stream(call, warmup: int = 10, reps: int = 40, stream=None) -> list[float]:
+    """Milliseconds of each of `reps` calls of `call` on `stream` (default: a fresh one), after `warmup` calls, timed
+    by CUDA events (no device-wide synchronisation, which would wait for any holders)."""
     import torch
 
-    stream = torch.cuda.Stream()
+    stream = stream or torch.cuda.Stream()
     with torch.cuda.stream(stream):
         for _ in range(warmup):
             call()
@@ -161,34 +188,50 @@ def time_on_stream(call, warmup: int = 10, reps: int = 40) -> list[float]:
     return [start.elapsed_time(end) for start, end in zip(starts, ends)]
 
 
-def median_ms_on_sms(call, sms: int, device_sms: int) -> float:
-    """Median milliseconds of `call` (a launch sized for `sms` SMs) with the device's other SMs held idle."""
+SM_METHODS = ("green", "hold")
+
+
+def median_ms_on_sms(call, sms: int, device_sms: int, method: str = "green") -> float:
+    """Median milliseconds of `call` (a launch sized for `sms` SMs) on `sms` of the device's SMs: by a green context
+    ("green") or with the other SMs held idle ("hold"); on all of them plainly."""
     if not 0 < sms <= device_sms:
         raise ValueError(f"sms={sms}: expected 1 .. {device_sms} (this device's SMs)")
-    with hold_sms(device_sms - sms):
+    if method not in SM_METHODS:
+        raise ValueError(f"method={method!r}: expected one of {SM_METHODS}")
+    if sms == device_sms:
         return statistics.median(time_on_stream(call))
+    if method == "hold":
+        with hold_sms(device_sms - sms):
+            return statistics.median(time_on_stream(call))
+    with green_stream(sms) as (stream, given):
+        if given != sms:  # rounded to the partition granularity, or a driver whose CUdevResource reads otherwise
+            print(f"held_sms: WARNING: a green context of {sms} SMs reports {given}", flush=True)
+        return statistics.median(time_on_stream(call, stream=stream))
 
 
-def copy_rate_tbps(sms: int, device_sms: int, gib: float = 2.0) -> float:
+def copy_rate_tbps(sms: int, device_sms: int, method: str = "green", gib: float = 2.0) -> float:
     """Device-to-device copy rate (read + write bytes per second, TB/s) of a `gib` GiB tensor on `sms` SMs."""
     import torch
 
     src = torch.empty(int(gib * 2**30) // 4, dtype=torch.float32, device="cuda").normal_()
     dst = torch.empty_like(src)
-    ms = median_ms_on_sms(lambda: dst.copy_(src), sms, device_sms)
+    ms = median_ms_on_sms(lambda: dst.copy_(src), sms, device_sms, method)
     return 2 * src.numel() * 4 / (ms * 1e-3) / 1e12
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sms", type=int, nargs="+", help="numbers of SMs to measure the copy rate on")
+    parser.add_argument("--method", choices=SM_METHODS, default="green",
+                        help="green: a green context of N SMs (default); hold: the other SMs held idle")
     args = parser.parse_args(argv)
     import torch
 
     device_sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name(0)}: {device_sms} SMs")
     for n in args.sms:
-        print(f"copy rate on {n} SMs: {copy_rate_tbps(n, device_sms):.3f} TB/s", flush=True)
+        print(f"copy rate on {n} SMs ({args.method}): {copy_rate_tbps(n, device_sms, args.method):.3f} TB/s",
+              flush=True)
     return 0
 
 
