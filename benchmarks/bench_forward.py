@@ -17,10 +17,10 @@ output written once, at the measured copy rate), and a per-kernel breakdown from
 also times every fused configuration that fits the row (or the ones named, e.g. `--configs tile,tile-w8`). Prints a
 markdown table.
 
-`--sms N` runs everything (the copy rate, FLA, kdajit's persistent grids sized for N SMs) on N of the device's SMs, the
-others held idle (benchmarks/held_sms.py), and reports each time scaled by N / (the device's SMs) and the copy rate by
-the inverse: an estimate for a card of as many SMs at that copy rate per SM (on an H100, N = 95: an H200). The per-kernel
-breakdown is left out there (the profiler would wait for the held SMs).
+`--sms N` runs everything (the copy rate, FLA, kdajit's persistent grids sized for N SMs) on N of the device's SMs (a
+green context, benchmarks/held_sms.py), and reports each time scaled by N / (the device's SMs) and the copy rate by the
+inverse: an estimate for a card of as many SMs at that copy rate per SM (on an H100, N = 96: an H200). The per-kernel
+breakdown is left out there.
 """
 from __future__ import annotations
 
@@ -65,18 +65,18 @@ def minimal_bytes(tokens: int, H: int, K: int, V: int, chunk: int, beta_bytes: i
     return inputs + outputs
 
 
-# `--sms N`: (N, the device's SMs, held_sms' method) while everything runs on N SMs (`use_sms`), else None
-ON_SMS: tuple[int, int, str] | None = None
+# `--sms N`: (N, the device's SMs) while everything runs on N SMs (`use_sms`), else None
+ON_SMS: tuple[int, int] | None = None
 
 
-def use_sms(sms: int, method: str) -> None:
-    """Run this process's timings on `sms` SMs, the others held idle, scaled to the device's SM count (`--sms`);
-    forward's persistent grids are sized for `sms` SMs."""
+def use_sms(sms: int) -> None:
+    """Run this process's timings on `sms` SMs, scaled to the device's SM count (`--sms`); forward's persistent grids
+    are sized for `sms` SMs."""
     global ON_SMS
     device_sms = torch.cuda.get_device_properties(0).multi_processor_count
     if not 0 < sms <= device_sms:
         raise SystemExit(f"--sms {sms}: expected 1 .. {device_sms} (this device's SMs)")
-    ON_SMS = (sms, device_sms, method)
+    ON_SMS = (sms, device_sms)
     api._sm_count = lambda device_index: sms
 
 
@@ -85,8 +85,8 @@ def bench(fn) -> float:
     import triton.testing
 
     if ON_SMS:
-        sms, device_sms, method = ON_SMS
-        return held_sms.median_ms_on_sms(fn, sms, device_sms, method) * sms / device_sms
+        sms, device_sms = ON_SMS
+        return held_sms.median_ms_on_sms(fn, sms, device_sms) * sms / device_sms
     return triton.testing.do_bench(fn, warmup=100, rep=500, return_mode="median")
 
 
@@ -241,10 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--plot", help="draw time against tokens x heads to this PNG (needs matplotlib)")
     parser.add_argument("--sms", type=int, metavar="N",
-                        help="run on N SMs, the others held idle, times scaled to the device's SMs (an estimate for "
-                             "a card with the same copy rate per SM; on an H100, 95: an H200)")
-    parser.add_argument("--sms-method", choices=held_sms.SM_METHODS, default="green",
-                        help="with --sms: a green context of N SMs (default) or the other SMs held idle")
+                        help="run on N SMs (a green context), times scaled to the device's SMs (an estimate for a "
+                             "card with the same copy rate per SM; on an H100, 96: an H200)")
     args = parser.parse_args(argv)
     every = [n for n in ROWS if n not in COVERAGE_ROWS]
     names = {"all": every, "main": list(MAIN_ROWS), "coverage": list(COVERAGE_ROWS)}.get(args.rows) \
@@ -256,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_forward needs a CUDA GPU")
         return 1
     if args.sms:
-        use_sms(args.sms, args.sms_method)
+        use_sms(args.sms)
     rate = copy_tbps()
     estimate = f" (estimated from {ON_SMS[0]} of its {ON_SMS[1]} SMs)" if ON_SMS else ""
     print(f"{torch.cuda.get_device_name()}: copy rate {rate:.2f} TB/s (the floor's rate){estimate}", flush=True)

@@ -2,7 +2,7 @@
 
     python benchmarks/fused_phases.py --export DIR [--chunk 32] [--gate any] [--kv 60] [--varlen]   # compile (no GPU)
     python benchmarks/fused_phases.py [--objects DIR] [--chunk 32] [--gate any] [--kv 60] [--varlen] [--json out.json]
-    python benchmarks/fused_phases.py --objects DIR --sms 132 95 ...   # also on 95 SMs, the others held idle
+    python benchmarks/fused_phases.py --objects DIR --sms 132 96 ...   # also on 96 SMs (a green context)
     ncu --profile-from-start off --clock-control none --set full -o OUT \
         python benchmarks/fused_phases.py --objects DIR --only tile-w8.all --profile    # one launch, under ncu
 
@@ -20,8 +20,8 @@ K = V = 128 unless `--kv` names another head size (the objects of a directory ar
 with `--varlen` the cu32 kernels instead, timed on bench_forward's packed row (32 sequences of lengths uniform in
 1..4096, seed 0, H=64).
 Variants are compiled in this process unless `--objects` names a directory written by `--export`.
-With `--sms N ...` each variant is timed on N SMs of the device, the others held idle (benchmarks/held_sms.py), and
-its time is also printed scaled by N / (the device's SMs): on an H100, N = 95 estimates an H200's time.
+With `--sms N ...` each variant is timed on N SMs of the device (a green context, benchmarks/held_sms.py), and its time
+is also printed scaled by N / (the device's SMs): on an H100, N = 96 estimates an H200's time.
 """
 from __future__ import annotations
 
@@ -148,9 +148,8 @@ def export(directory: str, chunk: int, only: list[str] | None, safe_gate: bool, 
 
 def time_variants(objects: str | None, chunk: int, only: list[str] | None, profile: bool,
                   safe_gate: bool, kv: int, gate_scale: float | None = None, varlen: bool = False,
-                  sm_counts: list[int] | None = None, sm_method: str = "green") -> list[dict]:
-    """Median times of the selected variants (with `sm_counts`, on each of those numbers of SMs, the device's others
-    held idle); with `profile`, instead one launch of each between cudaProfilerStart and cudaProfilerStop (for
+                  sm_counts: list[int] | None = None) -> list[dict]:
+    """Median times of the selected variants (with `sm_counts`, on each of those numbers of SMs); with `profile`, instead one launch of each between cudaProfilerStart and cudaProfilerStop (for
     `ncu --profile-from-start off`), after a warm-up."""
     import torch
     import triton.testing
@@ -190,9 +189,8 @@ def time_variants(objects: str | None, chunk: int, only: list[str] | None, profi
                "kv": kv, "gate_scale": gate_scale, "varlen": varlen}
         if sm_counts:
             for n in sm_counts:
-                ms = held_sms.median_ms_on_sms(call_on(n), n, sms, sm_method)
-                results.append({**row, "sms": n, "sm_method": sm_method, "device_sms": sms, "ms": ms,
-                                "ms_scaled": ms * n / sms})
+                ms = held_sms.median_ms_on_sms(call_on(n), n, sms)
+                results.append({**row, "sms": n, "device_sms": sms, "ms": ms, "ms_scaled": ms * n / sms})
                 print(f"| {config_name} | {name} | {n} | {ms:.3f} | {ms * n / sms:.3f} |", flush=True)
             continue
         if profile:
@@ -226,9 +224,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the timings here")
     parser.add_argument("--only", nargs="+", metavar="CONFIG.VARIANT", help="only these variants (e.g. tile-w8.all)")
     parser.add_argument("--sms", type=int, nargs="+", metavar="N",
-                        help="time each variant on N SMs, the device's others held idle (benchmarks/held_sms.py)")
-    parser.add_argument("--sms-method", choices=held_sms.SM_METHODS, default="green",
-                        help="with --sms: a green context of N SMs (default) or the other SMs held idle")
+                        help="time each variant on N SMs, a green context (benchmarks/held_sms.py)")
     parser.add_argument("--profile", action="store_true",
                         help="launch each variant once between cudaProfilerStart/Stop (for ncu) instead of timing")
     args = parser.parse_args(argv)
@@ -242,7 +238,7 @@ def main(argv=None) -> int:
     elif not args.profile:
         print("| config | phases kept | ms |\n|---|---|---|")
     results = time_variants(args.objects, args.chunk, args.only, args.profile, args.gate == "safe", args.kv,
-                            args.gate_scale, args.varlen, args.sms, args.sms_method)
+                            args.gate_scale, args.varlen, args.sms)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

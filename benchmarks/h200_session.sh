@@ -7,8 +7,8 @@
 # + the GPU suite but the fused and FLA-backend files, which have their own stages), fused (fused-kernel GPU tests),
 # bench (bench_forward, every row, with --plot), benchmain (the two main rows, every fused configuration; BENCH_ROWS,
 # BENCH_CONFIGS, BENCH_LIMIT), benchcov (the coverage rows, tile configurations), phases (fused_phases, objects from
-# the tarball; PHASES_ONLY narrows them to "CONFIG.VARIANT CONFIG.VARIANT ..."; PHASES_SMS="132 95" times each on
-# those numbers of SMs, the others held idle: 95 of an H100's estimate an H200), phasespad (the K = 60 / 64 / 100
+# the tarball; PHASES_ONLY narrows them to "CONFIG.VARIANT CONFIG.VARIANT ..."; PHASES_SMS="132 96" times each on
+# those numbers of SMs, by a green context: 96 of an H100's estimate an H200), phasespad (the K = 60 / 64 / 100
 # phase variants; PAD_K names one head size, PHASES_ONLY narrows them), compare (COMPARE_BASE's fused kernels against
 # this tree's, bit for bit; benchmarks/compare_objects.py), extra (experiments' objects from other trees under
 # .gpu-cache/extra/: phases and bit comparisons; EXTRA_EXPS names some of them, in order), repeat (main's K = 128

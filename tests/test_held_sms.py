@@ -1,12 +1,11 @@
-"""CPU: benchmarks/held_sms.py's holder kernel, whose PTX the GPU machine's driver loads with no compiler there.
+"""CPU: benchmarks/held_sms.py's checks, which guard a device call that has no second chance.
 
-A PTX error would surface only in a device call (and cost its start); ptxas on this machine catches it first. Also
-the holder's shared-memory size: more than half an SM's, so two holders never share an SM, and too much for the
-fused kernel's K = 128 CTA to fit beside one (else the timed kernel would run on the held SMs too).
+An estimate on fewer SMs is scaled by the SM count asked for; if the green context's partition differs (rounded to its
+granularity), the scaling would be silently wrong, so it must refuse. The SM count is read from the driver's
+CUdevResource at a fixed offset: the test builds one as the CUDA 12.4 header lays it out.
 """
+import ctypes
 import os
-import shutil
-import subprocess
 import sys
 
 import pytest
@@ -14,26 +13,31 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import held_sms  # noqa: E402
 
-SMEM_PER_SM = 233_472  # templates/fused_forward.SMEM_PER_SM, without importing the DSL
-SMEM_RESERVED_PER_CTA = 1024
+
+class _SmResource(ctypes.Structure):  # cuda.h (12.4+): CUdevResource with its `sm` member
+    _fields_ = [("type", ctypes.c_int), ("_internal_padding", ctypes.c_ubyte * 92), ("smCount", ctypes.c_uint),
+                ("_oversize", ctypes.c_ubyte * 44)]
 
 
-@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas (CUDA toolkit)")
-def test_holder_ptx_assembles_for_sm90(tmp_path):
-    ptx = tmp_path / "hold.ptx"
-    ptx.write_text(held_sms.HOLD_PTX)
-    run = subprocess.run(["ptxas", "-arch=sm_90", str(ptx), "-o", str(tmp_path / "hold.cubin")],
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-
-
-def test_holder_takes_an_sm_alone():
-    held = held_sms.HOLD_SHARED_BYTES + SMEM_RESERVED_PER_CTA
-    assert 2 * held > SMEM_PER_SM
-    fused_k128_cta = 115_712 + SMEM_RESERVED_PER_CTA  # templates/fused_forward.py's docstring
-    assert held + fused_k128_cta > SMEM_PER_SM
+def test_sm_count_offset_matches_the_driver_struct():
+    assert _SmResource.smCount.offset == held_sms._SM_COUNT_OFFSET
+    assert ctypes.sizeof(_SmResource) <= held_sms._DEV_RESOURCE_BYTES
 
 
 def test_sms_out_of_range_named():
     with pytest.raises(ValueError, match="sms=0"):
         held_sms.median_ms_on_sms(lambda: None, 0, 132)
+    with pytest.raises(ValueError, match="sms=133"):
+        held_sms.median_ms_on_sms(lambda: None, 133, 132)
+
+
+def test_a_partition_of_another_size_is_refused(monkeypatch):
+    import contextlib
+
+    @contextlib.contextmanager
+    def rounded(sms):
+        yield None, sms + 8
+
+    monkeypatch.setattr(held_sms, "green_stream", rounded)
+    with pytest.raises(RuntimeError, match="green context of 96 SMs has 104"):
+        held_sms.median_ms_on_sms(lambda: None, 96, 132)
