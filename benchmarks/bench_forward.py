@@ -30,9 +30,9 @@ import json
 import os
 import sys
 
-import held_sms
 import torch
 
+import held_sms
 from kdajit import api, compiler, reference, tuner
 from kdajit.keys import ForwardSpec, FusedConfig
 from kdajit.outputs import BETA_TORCH_DTYPES, IO_TORCH_DTYPES
