@@ -149,8 +149,9 @@ def export(directory: str, chunk: int, only: list[str] | None, safe_gate: bool, 
 def time_variants(objects: str | None, chunk: int, only: list[str] | None, profile: bool,
                   safe_gate: bool, kv: int, gate_scale: float | None = None, varlen: bool = False,
                   sm_counts: list[int] | None = None) -> list[dict]:
-    """Median times of the selected variants (with `sm_counts`, on each of those numbers of SMs); with `profile`, instead one launch of each between cudaProfilerStart and cudaProfilerStop (for
-    `ncu --profile-from-start off`), after a warm-up."""
+    """Median times of the selected variants (with `sm_counts`, on each of those numbers of SMs); with `profile`,
+    instead one launch of each between cudaProfilerStart and cudaProfilerStop (for `ncu --profile-from-start off`),
+    after a warm-up."""
     import torch
     import triton.testing
 

@@ -87,14 +87,15 @@ def median_ms_on_sms(call, sms: int, device_sms: int) -> float:
         return statistics.median(time_on_stream(call, stream))
 
 
-def copy_rate_tbps(sms: int, device_sms: int, gib: float = 2.0) -> float:
-    """Device-to-device copy rate (read + write bytes per second, TB/s) of a `gib` GiB tensor on `sms` SMs."""
+def copy_rate_tbps(time_ms) -> float:
+    """Read + write bytes per second, in TB/s, of a 1 GiB device-to-device copy timed by `time_ms` (a function of the
+    call to time, returning its milliseconds): bench_forward's floor rate, and this module's check on N SMs."""
     import torch
 
-    src = torch.empty(int(gib * 2**30) // 4, dtype=torch.float32, device="cuda").normal_()
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    ms = median_ms_on_sms(lambda: dst.copy_(src), sms, device_sms)
-    return 2 * src.numel() * 4 / (ms * 1e-3) / 1e12
+    ms = time_ms(lambda: dst.copy_(src))
+    return 2 * (1 << 30) / (ms * 1e-3) / 1e12
 
 
 def main(argv=None) -> int:
@@ -106,7 +107,8 @@ def main(argv=None) -> int:
     device_sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name(0)}: {device_sms} SMs")
     for n in args.sms:
-        print(f"copy rate on {n} SMs: {copy_rate_tbps(n, device_sms):.3f} TB/s", flush=True)
+        rate = copy_rate_tbps(lambda call: median_ms_on_sms(call, n, device_sms))
+        print(f"copy rate on {n} SMs: {rate:.3f} TB/s", flush=True)
     return 0
 
 
