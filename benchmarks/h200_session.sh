@@ -8,7 +8,9 @@
 # bench (bench_forward, every row, with --plot), benchmain (the two main rows, every fused configuration; BENCH_ROWS,
 # BENCH_CONFIGS, BENCH_LIMIT), benchcov (the coverage rows, tile configurations), phases (fused_phases, objects from
 # the tarball; PHASES_ONLY narrows them to "CONFIG.VARIANT CONFIG.VARIANT ..."; PHASES_SMS="132 96" times each on
-# those numbers of SMs, by a green context: 96 of an H100's estimate an H200), phasespad (the K = 60 / 64 / 100
+# those numbers of SMs, by a green context: 96 of an H100's estimate an H200), held (held_sms.py: the copy rate on
+# HELD_SMS numbers of SMs), anycard (issue 12's ranking on whichever card came: on an H200 phases and benchmain of the
+# a1 schedules, on another card held and their phases on 132 and 96 SMs), phasespad (the K = 60 / 64 / 100
 # phase variants; PAD_K names one head size, PHASES_ONLY narrows them), compare (COMPARE_BASE's fused kernels against
 # this tree's, bit for bit; benchmarks/compare_objects.py), extra (experiments' objects from other trees under
 # .gpu-cache/extra/: phases and bit comparisons; EXTRA_EXPS names some of them, in order), repeat (main's K = 128
@@ -135,6 +137,22 @@ run_stage() {
     phases)
       stage phases 240 python3 benchmarks/fused_phases.py --objects /tmp/precompiled/phases ${PHASES_ONLY:+--only $PHASES_ONLY} \
         ${PHASES_SMS:+--sms $PHASES_SMS} --json "$out/phases.json" ;;
+    held)  # the copy rate on fewer SMs (green contexts): the premise of PHASES_SMS's H200 estimate on an H100
+      stage held 120 python3 benchmarks/held_sms.py ${HELD_SMS:-132 120 112 104 96 88 64} ;;
+    anycard)  # issue 12's ranking on whichever card came: on an H200 the a1 schedules' phases and the main and
+      # padded rows by `forward` (benchmain); on another card the same phases on all its SMs and on 96 (the H200
+      # estimate), after the copy rate on fewer SMs (held)
+      local a=persistent-c2-head-a1
+      local only="$a.all $a.compute-only $a-ts.all $a-ts.compute-only $a-r1.all $a-r1.compute-only $a-r1-ts.all"
+      only+=" $a-gv.all $a-gv.compute-only $a-ge.all tile.all"
+      if [[ $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) == *H200* ]]; then
+        PHASES_ONLY=${PHASES_ONLY:-$only} run_stage phases
+        BENCH_LIMIT=${BENCH_LIMIT:-420} BENCH_ROWS=${BENCH_ROWS:-B2-T8192-H64-bf16,B2-T8192-H64-fp32,B2-T8192-H64-K60,B2-T8192-H64-K100} \
+          BENCH_CONFIGS=${BENCH_CONFIGS:-$a,$a-ts,$a-gv,$a-ge,$a-r1,$a-r1-ts} run_stage benchmain
+      else
+        run_stage held
+        PHASES_ONLY=${PHASES_ONLY:-$only} PHASES_SMS=${PHASES_SMS:-132 96} run_stage phases
+      fi ;;
     phasesany)  # the any-gate variants of every object directory under the tarball's pany/ (h200_precompile.sh
       # exports this tree's as pany/head; an experiment adds its own beside it)
       for dir in /tmp/precompiled/pany/*/; do

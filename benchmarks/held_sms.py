@@ -87,14 +87,16 @@ def median_ms_on_sms(call, sms: int, device_sms: int) -> float:
         return statistics.median(time_on_stream(call, stream))
 
 
-def copy_rate_tbps(time_ms) -> float:
+def copy_rate_tbps(time_ms, kernel: bool = False) -> float:
     """Read + write bytes per second, in TB/s, of a 1 GiB device-to-device copy timed by `time_ms` (a function of the
-    call to time, returning its milliseconds): bench_forward's floor rate, and this module's check on N SMs."""
+    call to time, returning its milliseconds): bench_forward's floor rate, and this module's check on N SMs. `kernel`:
+    copy by an elementwise kernel (x 1.0 in fp32) instead of `Tensor.copy_` (a driver memcpy, which a green context's
+    partition may not confine)."""
     import torch
 
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    src = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
     dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src))
+    ms = time_ms((lambda: torch.mul(src, 1.0, out=dst)) if kernel else (lambda: dst.copy_(src)))
     return 2 * (1 << 30) / (ms * 1e-3) / 1e12
 
 
@@ -107,8 +109,8 @@ def main(argv=None) -> int:
     device_sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name(0)}: {device_sms} SMs")
     for n in args.sms:
-        rate = copy_rate_tbps(lambda call: median_ms_on_sms(call, n, device_sms))
-        print(f"copy rate on {n} SMs: {rate:.3f} TB/s", flush=True)
+        rates = [copy_rate_tbps(lambda call: median_ms_on_sms(call, n, device_sms), kernel) for kernel in (False, True)]
+        print(f"copy rate on {n} SMs: {rates[0]:.3f} TB/s by copy_, {rates[1]:.3f} TB/s by a kernel", flush=True)
     return 0
 
 
