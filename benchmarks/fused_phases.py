@@ -26,11 +26,13 @@ is also printed scaled by N / (the device's SMs): on an H100, N = 96 estimates a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 
 import held_sms
+from kdajit.keys import FUSED_PROBE_CONFIGS
 
 VARIANTS = {  # name: phases kept
     "loads": ("loads",),
@@ -76,7 +78,9 @@ PROBE_CONFIGS = {"persistent-c1-head-a1": dict(persistent=True, ctas_per_sm=1, r
                  "persistent-c2-head-a1-gv-r1": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
                                                      gate_rows="early-vbuf", intra_unroll=1),
                  "persistent-c2-head-a1-ge-r1": dict(persistent=True, ctas_per_sm=2, raster="head", loads_ahead=1,
-                                                     gate_rows="early", intra_unroll=1)}
+                                                     gate_rows="early", intra_unroll=1),
+                 # the configurations outside the space (two tiles per CTA: `FusedConfig.pingpong`)
+                 **{c.slug(): dataclasses.asdict(c) for c in FUSED_PROBE_CONFIGS}}
 ALL_VARIANTS = {**VARIANTS, **PROBE_VARIANTS}
 ALL_CONFIGS = {**CONFIGS, **PROBE_CONFIGS}
 

@@ -111,6 +111,10 @@ class FusedConfig:
     "threads" (each thread its rows' 16-byte pieces) or "tma" (the staging tiles as 64-column panels of the 128-byte
     swizzle; a warp whose 16 rows are all valid stores them as one TMA box per panel, a partial warp as "threads").
     Data movement only.
+    `pingpong`: "off", or two tiles at once in one persistent CTA of 8 warps (one CTA per SM): warps 0-3 and 4-7 are
+    two groups of 4, each walking its own tiles through its own shared memory with the 4-warp schedule ("free"), or
+    also taking turns at the intra phase, so that one group's intra blocks run beside the other's inverse and
+    recompute ("intra"). The same per-tile functions on the same operands as the 4-warp CTA.
     Non-persistent configs keep the defaults of the other fields but `warps`.
     The reference configuration is the default instance.
     """
@@ -123,6 +127,7 @@ class FusedConfig:
     gate_rows: str = "late"
     intra_unroll: int = 2
     stores: str = "threads"
+    pingpong: str = "off"
 
     def slug(self) -> str:
         warps = f"-w{self.warps}" if self.warps != 4 else ""
@@ -132,13 +137,15 @@ class FusedConfig:
         early = {"early": "-ge", "early-vbuf": "-gv"}.get(self.gate_rows, "")
         rolled = f"-r{self.intra_unroll}" if self.intra_unroll != 2 else ""
         stores = "-ts" if self.stores == "tma" else ""
-        return f"persistent-c{self.ctas_per_sm}-{self.raster}{ahead}{warps}{early}{rolled}{stores}"
+        pingpong = {"free": "-ppf", "intra": "-pp"}.get(self.pingpong, "")
+        return f"persistent-c{self.ctas_per_sm}-{self.raster}{ahead}{warps}{early}{rolled}{stores}{pingpong}"
 
 
 FUSED_WARPS = (4, 8)
 GATE_ROWS = ("late", "early", "early-vbuf")
 INTRA_UNROLLS = (2, 1)
 STORE_PATHS = ("threads", "tma")
+PINGPONG_MODES = ("off", "free", "intra")
 # The fused kernel's declared configuration space (what the full compile sweep builds, the bitwise
 # GPU tests run and the autotuner may choose from); the reference configuration comes first.
 FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
@@ -148,6 +155,11 @@ FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
     FusedConfig(True, ctas, "head", 1, gate_rows=rows, intra_unroll=1) for rows in GATE_ROWS for ctas in (1, 2)
 ) + tuple(FusedConfig(True, 2, "head", 1, gate_rows=rows, intra_unroll=unroll, stores="tma")
           for rows, unroll in (("late", 2), ("late", 1), ("early-vbuf", 2)))
+# Configurations outside the space, buildable and bit-tested on the GPU (tests/test_gpu_fused.py) but not tuned: a knob
+# joins the space once its GPU tests have passed on a card (docs/performance.md). `pingpong`: built 2026-12-08, not yet
+# run on a GPU.
+FUSED_PROBE_CONFIGS = tuple(FusedConfig(True, 1, "head", 1, 8, gate_rows=rows, pingpong=mode)
+                            for rows, mode in (("late", "free"), ("late", "intra"), ("early-vbuf", "intra")))
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,16 @@ writing Kp into q's buffer (q is consumed by then; the work region still holds L
 and stores W while group 1 multiplies and stores U. Each group synchronizes on its own named
 barrier; every element still comes from the same device function on the same operands.
 
+With `FusedConfig.pingpong` (persistent, one CTA of 8 warps per SM) the CTA holds two tiles at once: warps 0-3 and
+4-7 are two groups, each running `one_group_tile` on its own tiles (group g: tile indices 2 b + g, += 2 x grid) in its
+own copy of the shared memory below (two structs, 231,424 B at K = V = 128), synchronizing on its own named barrier
+(TILE_BARRIERS) where the 4-warp CTA synchronizes the CTA. That is two 4-warp CTAs in one; what it adds ("intra") is
+an order between them: the groups take turns at the intra phase (TURN_BARRIERS: a group waits for the other to pass
+the turn before its intra blocks, and passes it after them), so that one group's tensor-core and exponential work
+runs beside the other's inverse (latency-bound) and recompute, instead of both groups meeting in the same phase.
+Both groups make the same number of loop iterations, a tile index past the end or without a tile still passing the
+turn (`skip_turn`), so every wait meets its arrival.
+
 Every 16-bit tensor (q, k, v, Akk and the outputs) has the key's io dtype, bf16 or fp16. Grouped value
 heads: tiles are (chunk, value head h) of the HV heads of v, gk, beta and the outputs; q and k are read
 at head h // (HV / H), as in the standalone kernels.
@@ -81,8 +91,8 @@ import cutlass.cute as cute
 from cutlass.memory import SmemAllocator
 
 from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, GATE_ROWS, HEAD_DIMS, INTRA_UNROLLS, LOADS_AHEAD,
-                         RASTER_ORDERS, STORE_PATHS, VARLEN_MODES, FusedForwardKey, head_dim_supported,
-                         padded_head_dim)
+                         PINGPONG_MODES, RASTER_ORDERS, STORE_PATHS, VARLEN_MODES, FusedForwardKey,
+                         head_dim_supported, padded_head_dim)
 from kdajit.templates.common import (DTYPES, IO_TYPES, SEQ_CURSOR_START, chunk_coords, chunk_rows, fake_arguments,
                                     grid_shape, make_struct, make_tf32_mma, sync_group, tma_chunk_coords, walk_coords)
 from kdajit.templates.tile_intra import (beta_row, init_tile_loads, intra_tile, issue_tile_loads, loads_mbar_fields,
@@ -101,6 +111,10 @@ from kdajit.templates.tile_recompute import (PRODUCT_BARRIERS, VEC, RecomputeLay
 # computes the gate rows and multiplies U, each group with its own named barrier).
 GROUP_THREADS = 128
 GROUP_BARRIERS = tuple((barrier, GROUP_THREADS) for barrier in PRODUCT_BARRIERS)
+# `FusedConfig.pingpong`: group g's own barrier (its 4 warps) is TILE_BARRIERS[g]; with turns, group g waits at
+# TURN_BARRIERS[g] (both groups' 256 threads: g's syncing, the other's arriving) before its intra phase.
+TILE_BARRIERS = (3, 4)
+TURN_BARRIERS = (5, 6)
 PHASES = ("loads", "intra", "inverse", "recompute")  # every kernel built from a key runs all of them
 SMEM_PER_SM = 233_472          # H100/H200: 228 KiB of shared memory per SM
 SMEM_PER_CTA_MAX = 232_448     # 227 KiB usable by one CTA
@@ -151,9 +165,11 @@ def fused_smem_struct(chunk: int, head_k: int, head_v: int, io, path: str):
 
 
 def smem_bytes(key: FusedForwardKey) -> int:
-    """Shared memory of one CTA of `key`'s kernel (the module docstring states it)."""
-    return fused_smem_struct(key.chunk, padded_head_dim(key.head_k), padded_head_dim(key.head_v),
-                             IO_TYPES[key.io_dtype], loads_of(key))[0].__sizeof__()
+    """Shared memory of one CTA of `key`'s kernel (the module docstring states it): one tile's struct, or, with
+    `FusedConfig.pingpong`, one per group."""
+    groups = 2 if key.config.pingpong != "off" else 1
+    return groups * fused_smem_struct(key.chunk, padded_head_dim(key.head_k), padded_head_dim(key.head_v),
+                                      IO_TYPES[key.io_dtype], loads_of(key))[0].__sizeof__()
 
 
 def resident_ctas(key: FusedForwardKey) -> int:
@@ -182,6 +198,10 @@ class FusedForward:
         self.varlen = key.varlen != "dense"
         self.config = key.config
         self.num_threads = 32 * key.config.warps
+        # `FusedConfig.pingpong`: two groups of 4 warps, each with its own tile and shared memory
+        self.pingpong = key.config.pingpong != "off"
+        self.tile_warps = 4 if self.pingpong else key.config.warps  # the warps that compute one tile
+        self.tile_threads = 32 * self.tile_warps
         self.load_path = loads_of(key)  # "tma", "bulk" or "cp.async"
         self.tma_stores = key.config.stores == "tma"  # W and U leave their staging panels by TMA (`product`)
         # Measurement only (benchmarks/fused_phases.py): a kernel that leaves phases out computes
@@ -200,19 +220,23 @@ class FusedForward:
         if (not fits or not isinstance(cfg.persistent, bool) or cfg.raster not in RASTER_ORDERS
                 or cfg.loads_ahead not in LOADS_AHEAD or cfg.warps not in FUSED_WARPS
                 or cfg.gate_rows not in GATE_ROWS or cfg.intra_unroll not in INTRA_UNROLLS
-                or cfg.stores not in STORE_PATHS):
+                or cfg.stores not in STORE_PATHS or cfg.pingpong not in PINGPONG_MODES):
             return False
         if not cfg.persistent and cfg != type(cfg)(warps=cfg.warps):  # one tile per CTA: the others do not apply
             return False
-        if cfg.warps == 8 and (key.output_qg or cfg.loads_ahead):  # Kp takes q's buffer; no early loads
+        if cfg.pingpong != "off" and (cfg.warps != 8 or cfg.ctas_per_sm != 1 or key.chunk != 64
+                                      or loads_of(key) == "bulk"):
+            return False  # two 4-warp groups in one CTA per SM; their barriers are the chunk-64 schedule's
+        tile_warps = 4 if cfg.pingpong != "off" else cfg.warps  # the warps of one tile
+        if tile_warps == 8 and (key.output_qg or cfg.loads_ahead):  # Kp takes q's buffer; no early loads
             return False
-        if cfg.gate_rows != "late" and (key.output_qg or not cfg.loads_ahead or cfg.warps != 4):
+        if cfg.gate_rows != "late" and (key.output_qg or not cfg.loads_ahead or tile_warps != 4):
             return False  # QG's gate rows read q; without a next tile in flight nothing moves earlier
         if cfg.gate_rows == "early-vbuf" and padded_head_dim(key.head_k) != padded_head_dim(key.head_v):
             return False  # Kp and Vp trade tiles, which needs them of one layout
-        if cfg.intra_unroll != 2 and cfg.warps != 4:
+        if cfg.intra_unroll != 2 and tile_warps != 4:
             return False  # the 8-warp schedule's mainloop runs one step per iteration already
-        if cfg.stores == "tma" and (cfg.warps != 4 or key.chunk != 64 or key.head_k not in HEAD_DIMS
+        if cfg.stores == "tma" and (tile_warps != 4 or key.chunk != 64 or key.head_k not in HEAD_DIMS
                                     or key.head_v not in HEAD_DIMS):
             return False  # TMA boxes of one warp's 16 rows x whole 64-column panels, W and U by all 4 warps
         if not isinstance(cfg.ctas_per_sm, int) or cfg.ctas_per_sm < 1:
@@ -236,7 +260,10 @@ class FusedForward:
         tiles = grid_shape(mGk, mCuSeqlens, self.chunk, self.varlen)
         grid = tiles
         if cutlass.const_expr(self.config.persistent):
-            grid = (min(tiles[0] * tiles[1] * tiles[2], max_ctas), 1, 1)
+            ctas = tiles[0] * tiles[1] * tiles[2]
+            if cutlass.const_expr(self.pingpong):  # two tiles at once per CTA
+                ctas = (ctas + 1) // 2
+            grid = (min(ctas, max_ctas), 1, 1)
         layouts = RecomputeLayouts(self.chunk, self.head_k, self.head_v, panels=self.tma_stores)
         smem_struct, inverse_work, recompute_work = fused_smem_struct(self.chunk, self.head_k, self.head_v,
                                                                       self.io, self.load_path)
@@ -244,9 +271,9 @@ class FusedForward:
         tma_tiles = make_tma_tiles(mQ, mK, mGk, self.chunk, self.load_path)
         tma_stores = (make_tma_store_tile(mW), make_tma_store_tile(mU)) if self.tma_stores else None
         self.kernel(mQ, mK, mV, mGk, mBeta, mAqk, mAkk, mW, mU, mKG, mQG, mCuSeqlens, scale, tma_tiles,
-                    tiles[0], make_tf32_mma(), make_row_copy(self.io, self.key.head_k, self.num_threads),
-                    make_row_copy(f32, self.key.head_k, self.num_threads),
-                    make_l_load_copy(self.num_threads, self.chunk),
+                    tiles[0], make_tf32_mma(), make_row_copy(self.io, self.key.head_k, self.tile_threads),
+                    make_row_copy(f32, self.key.head_k, self.tile_threads),
+                    make_l_load_copy(self.tile_threads, self.chunk),
                     make_akk_store_copy(GROUP_THREADS, self.io, self.chunk), make_recompute_mma(self.chunk, self.io),
                     tma_stores,
                     layouts.akk, layouts.kp, layouts.vp, layouts.out_w, layouts.out_u).launch(
@@ -265,12 +292,22 @@ class FusedForward:
                sOutU_layout: cute.ComposedLayout):
         C, K = self.chunk, self.head_k
         io, f32 = self.io, cutlass.Float32
-        storage = SmemAllocator().allocate(self.smem_struct)
+        allocator = SmemAllocator()
+        storage = allocator.allocate(self.smem_struct)
+        group = 0  # `FusedConfig.pingpong`: this warp's group (a run-time value); 0 folds away without it
+        if cutlass.const_expr(self.pingpong):
+            storages = (storage, allocator.allocate(self.smem_struct))
+            for each in storages:
+                init_tile_loads(each, self.load_path, self.tile_warps)
+            group = self.tile_group()
+            base = cutlass.select_(group == 0, storages[0].work.data_ptr().toint(),
+                                   storages[1].work.data_ptr().toint())
+            storage = self.smem_struct(cute.make_ptr(cutlass.Uint8, base, cute.AddressSpace.smem, assumed_align=1024))
         inv = self.inverse_work(storage.work.data_ptr())
         rec = self.recompute_work(storage.work.data_ptr())
         # 8 warps: group 1 writes Kp while group 0 still inverts in the work region, so Kp (and then the
         # W staging tile) goes to q's buffer, free after the intra phase without QG.
-        kp_home = storage.q if cutlass.const_expr(self.config.warps == 8) else rec.kp
+        kp_home = storage.q if cutlass.const_expr(self.tile_warps == 8) else rec.kp
         smem = (
             storage.q.get_tensor(padded_tile_layout(io, C, K)),
             storage.k.get_tensor(padded_tile_layout(io, C, K)),
@@ -293,39 +330,58 @@ class FusedForward:
         rV = self.row_vectors(self.head_v)
         rBeta = cute.make_rmem_tensor((1,), mBeta.element_type)
         # (the loads' mbarrier, the TMA tiles): `issue_tile_loads`' mbar_ptr and tma_tiles, None where the path has none
-        mbar = (init_tile_loads(storage, self.load_path, self.config.warps), tma_tiles)
+        if cutlass.const_expr(self.pingpong):  # initialized above, both groups' by warp 0
+            mbar = (storage.loads_mbar.data_ptr() if cutlass.const_expr(self.load_path != "cp.async") else None,
+                    tma_tiles)
+        else:
+            mbar = (init_tile_loads(storage, self.load_path, self.config.warps), tma_tiles)
         phase = cutlass.Int32(0)  # of the mbarrier phase the next loaded tile completes (bulk loads)
         if cutlass.const_expr(self.config.persistent):
             bidx, _, _ = cute.arch.block_idx()
             gdim, _, _ = cute.arch.grid_dim()
             tiles = tiles_x * mG.shape[2] * mG.shape[0]  # varlen: B == 1
             tile = cutlass.Int32(bidx)
+            stride = cutlass.Int32(gdim)
+            if cutlass.const_expr(self.pingpong):
+                # group g walks tiles 2 b + g, += 2 x grid; both groups make the same iterations (those of group 0's
+                # tiles < tiles), so that their turns pair up; group 1's last tile may be past the end (not valid)
+                tile = 2 * tile + group
+                stride = 2 * stride
+                if group == 1:
+                    self.pass_turn()  # group 0 takes the first turn
             cursor = SEQ_CURSOR_START
             valid, batch, head, row0, rows, cursor = self.tile_at(tensors, tile, tiles, tiles_x, cursor)
             if cutlass.const_expr(self.config.loads_ahead == 0):
-                while tile < tiles:
+                while tile - group < tiles:
                     if valid:
                         self.load_tile(tensors, smem, ops, batch, head, row0, rows, rV, rBeta, "all", mbar)
                         self.compute_tile(tensors, smem, ops, scale, batch, head, row0, rows, rV, rBeta, mbar,
                                           phase)
                         phase = phase ^ 1
-                    tile = tile + cutlass.Int32(gdim)
+                    else:
+                        self.skip_turn()
+                    tile = tile + stride
                     valid, batch, head, row0, rows, cursor = self.tile_at(tensors, tile, tiles, tiles_x, cursor)
             else:
                 if valid:
                     self.load_tile(tensors, smem, ops, batch, head, row0, rows, rV, rBeta, "all", mbar)
-                while tile < tiles:
-                    nxt = tile + cutlass.Int32(gdim)
+                while tile - group < tiles:
+                    nxt = tile + stride
                     n_valid, n_batch, n_head, n_row0, n_rows, cursor = self.tile_at(tensors, nxt, tiles, tiles_x,
                                                                                     cursor)
                     if valid:
                         self.compute_tile(tensors, smem, ops, scale, batch, head, row0, rows, rV, rBeta, mbar,
                                           phase, (n_valid, n_batch, n_head, n_row0, n_rows))
                         phase = phase ^ 1
-                    elif n_valid:
-                        self.load_tile(tensors, smem, ops, n_batch, n_head, n_row0, n_rows, rV, rBeta, "all",
-                                       mbar)
+                    else:
+                        self.skip_turn()
+                        if n_valid:
+                            self.load_tile(tensors, smem, ops, n_batch, n_head, n_row0, n_rows, rV, rBeta, "all",
+                                           mbar)
                     tile, valid, batch, head, row0, rows = nxt, n_valid, n_batch, n_head, n_row0, n_rows
+            if cutlass.const_expr(self.pingpong):
+                if group == 0:
+                    self.take_turn()  # the turn group 1 passed after its last tile
         else:
             bidx, head, bidz = cute.arch.block_idx()
             valid, batch, row0, rows = chunk_coords(mCuSeqlens, mQ.shape[1], self.chunk,
@@ -351,7 +407,7 @@ class FusedForward:
             head = tile % heads
             x = (tile // heads) % tiles_x
         z = tile // (tiles_x * heads)
-        if cutlass.const_expr(self.varlen and self.config.warps == 4):  # 8 warps: no registers to keep it (spills)
+        if cutlass.const_expr(self.varlen and self.tile_warps == 4):  # 8 warps: no registers to keep it (spills)
             valid, row0, rows, cursor = walk_coords(mCuSeqlens, mG.shape[1], self.chunk, x, cursor)
             batch = cutlass.Int32(0)
         else:
@@ -373,13 +429,14 @@ class FusedForward:
         mQ, mK, mV, mG, mBeta = tensors[:5]
         sQ, sK, sG = smem[:3]
         copy_qk, copy_g = ops[1], ops[2]
-        tidx, _, _ = cute.arch.thread_idx()
+        tidx, warp_idx, _ = self.thread_ids()
         loads = cutlass.const_expr("loads" in self.phases)
         if cutlass.const_expr(parts != "values"):
             issue_tile_loads(self.load_path, mbar[0], mbar[1], (copy_qk, copy_g), (mQ, mK, mG), (sQ, sK, sG), batch,
-                             head, row0, rows, tidx, self.config.warps, "rest" if parts == "keys" else parts, loads)
+                             head, row0, rows, tidx, self.tile_warps, "rest" if parts == "keys" else parts, loads,
+                             warp_idx if cutlass.const_expr(self.pingpong) else None)
         # 8 warps: group 1 loads v in two_group_tile
-        if cutlass.const_expr(loads and parts in ("all", "rest", "values") and self.config.warps == 4):
+        if cutlass.const_expr(loads and parts in ("all", "rest", "values") and self.tile_warps == 4):
             self.load_v_rows(mV, batch, head, row0, rows, tidx, rV)
         if cutlass.const_expr(loads and parts in ("all", "rest", "keys")):
             # The raw value only: converting it here would wait for the load, and the barrier after
@@ -395,7 +452,7 @@ class FusedForward:
         group of 4 warps or, with 8 warps, by two (`two_group_tile`). `mbar`, `phase`: `load_tile`'s `mbar` and the
         mbarrier phase this tile's loads complete (on the mbarrier paths)."""
         landed = (mbar, phase)
-        if cutlass.const_expr(self.config.warps == 8):
+        if cutlass.const_expr(self.tile_warps == 8):
             self.two_group_tile(tensors, smem, ops, scale, batch, head, row0, valid_rows, rV, rBeta, landed)
         else:
             self.one_group_tile(tensors, smem, ops, scale, batch, head, row0, valid_rows, rV, rBeta, landed,
@@ -510,12 +567,14 @@ class FusedForward:
         tidx, warp_idx, lane = self.loads_landed(sBeta, rBeta, valid_rows, *landed)
 
         # 2. Intra: Aqk -> global, L -> smem; L rows >= valid_rows := +0.
+        self.take_turn()
         if cutlass.const_expr("intra" in self.phases):
             intra_tile(intra_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, C), sL, warp_idx,
                        lane, valid_rows, scale, self.key.head_k, warp_schedule(4, self.safe_gate, C), self.safe_gate,
                        self.config.intra_unroll)
             zero_rows_from(l_copy, sL, tidx, valid_rows)
-        cute.arch.sync_threads()
+        self.pass_turn()
+        sync_group(self.tile_barrier())
         if cutlass.const_expr(q_early):
             if next_tile[0]:
                 self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "q", landed[0])
@@ -525,28 +584,28 @@ class FusedForward:
             if cutlass.const_expr(recompute):
                 self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
                                batch, head, row0, valid_rows, tidx, rKp=rKp)
-            cute.arch.sync_threads()  # q, k, g, beta and rV are consumed
+            sync_group(self.tile_barrier())  # q, k, g, beta and rV are consumed
             if next_tile[0]:
                 self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "all", landed[0])
         if cutlass.const_expr(kp_in_vp):
             if cutlass.const_expr(recompute):
                 self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sVp, sVp,
                                batch, head, row0, valid_rows, tidx, "gates")
-            cute.arch.sync_threads()  # k, g and beta are consumed (rV waits for the inverse)
+            sync_group(self.tile_barrier())  # k, g and beta are consumed (rV waits for the inverse)
             if next_tile[0]:
                 self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "keys", landed[0])
 
         # 3. Inverse in smem; Akk rows < valid_rows -> global.
         if cutlass.const_expr("inverse" in self.phases):
-            invert_tile(sL, sX, sX00, warp_idx, lane)
-            cute.arch.sync_threads()
+            invert_tile(sL, sX, sX00, warp_idx, lane, self.tile_barrier())
+            sync_group(self.tile_barrier())
             store_akk_rows(akk_store_copy, sX, chunk_rows(mAkk, batch, head, row0, C), tidx, valid_rows)
 
         # 4. Recompute: Akk -> A tile (reusing the L / X bytes), Kp (and, unless the gate rows ran early, Vp, KG,
         # QG), then W, U.
         if cutlass.const_expr(recompute):
             rA = self.akk_rows_from_smem(sX, tidx)
-            cute.arch.sync_threads()  # every thread has read sX and sL: the work region is free
+            sync_group(self.tile_barrier())  # every thread has read sX and sL: the work region is free
             store_akk(rA, sA, valid_rows, tidx, GROUP_THREADS)
             if cutlass.const_expr(gates_early):
                 self.store_kp_rows(rKp, sKp, tidx)
@@ -555,7 +614,7 @@ class FusedForward:
             else:
                 self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
                                batch, head, row0, valid_rows, tidx)
-        cute.arch.sync_threads()  # the A tile, Kp and Vp complete; q, k, g, beta and rV are consumed
+        sync_group(self.tile_barrier())  # the A tile, Kp and Vp complete; q, k, g, beta and rV are consumed
         if cutlass.const_expr(ahead and not gates_early):
             if next_tile[0]:
                 self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta,
@@ -568,7 +627,7 @@ class FusedForward:
                 tma_out = tuple((atom, tma_chunk_coords(coords, batch, head, row0, cute.size(mX, mode=[3])))
                                 for (atom, coords), mX in zip(tma_stores, (mW, mU)))
             products_w_u(wu_mma, sA, sKp, sVp, sOutW, sOutU, chunk_rows(mW, batch, head, row0, C),
-                         chunk_rows(mU, batch, head, row0, C), valid_rows, tidx, tma_out)
+                         chunk_rows(mU, batch, head, row0, C), valid_rows, tidx, tma_out, self.tile_barrier())
 
     @cute.jit
     def loads_landed(self, sBeta: cute.Tensor, rBeta: cute.Tensor, valid_rows: cutlass.Int32, mbar: cutlass.Constexpr,
@@ -576,16 +635,54 @@ class FusedForward:
         """Wait for this tile's loads (`wait_tile_loads`: with `mbar`, `load_tile`'s, on the mbarrier paths those of
         mbarrier phase `phase`) and, with TMA stores, for the last tile's stores to have read their staging tiles;
         convert its beta (rBeta) into sBeta, synchronize the CTA; returns (thread index, warp index, lane)."""
-        tidx, _, _ = cute.arch.thread_idx()
-        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        lane = cute.arch.lane_idx()
+        tidx, warp_idx, lane = self.thread_ids()
         wait_tile_loads(self.load_path, mbar[0], phase)
         if cutlass.const_expr(self.tma_stores):
             cute.arch.cp_async_bulk_wait_group(0, read=True)  # the last tile's staging tiles are read: free again
         if tidx < self.chunk:
             sBeta[tidx] = beta_row(rBeta[0], tidx, valid_rows)
-        cute.arch.sync_threads()
+        sync_group(self.tile_barrier())
         return tidx, warp_idx, lane
+
+    def thread_ids(self):
+        """(thread index, warp index, lane) of this thread among the warps that compute its tile: the CTA's, or with
+        `FusedConfig.pingpong` its group's."""
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        lane = cute.arch.lane_idx()
+        if cutlass.const_expr(self.pingpong):
+            tidx, warp_idx = tidx % self.tile_threads, warp_idx % self.tile_warps
+        return tidx, warp_idx, lane
+
+    def tile_group(self):
+        """`FusedConfig.pingpong`: this warp's group, 0 (warps 0-3) or 1 (warps 4-7), warp-uniform."""
+        return cute.arch.make_warp_uniform(cute.arch.warp_idx()) // self.tile_warps
+
+    def tile_barrier(self):
+        """The barrier of the warps that compute this thread's tile (`sync_group`): None, the CTA's; with
+        `FusedConfig.pingpong` its group's named barrier (TILE_BARRIERS)."""
+        if cutlass.const_expr(not self.pingpong):
+            return None
+        return (TILE_BARRIERS[0] + self.tile_group(), self.tile_threads)
+
+    def take_turn(self):
+        """`FusedConfig.pingpong` "intra": wait until the other group has passed this group the turn (`pass_turn`);
+        nothing otherwise."""
+        if cutlass.const_expr(self.config.pingpong == "intra"):
+            cute.arch.barrier(barrier_id=TURN_BARRIERS[0] + self.tile_group(),
+                              number_of_threads=2 * self.tile_threads)
+
+    def pass_turn(self):
+        """`FusedConfig.pingpong` "intra": let the other group take its turn (`take_turn`); nothing otherwise."""
+        if cutlass.const_expr(self.config.pingpong == "intra"):
+            cute.arch.barrier_arrive(barrier_id=TURN_BARRIERS[1] - self.tile_group(),
+                                     number_of_threads=2 * self.tile_threads)
+
+    def skip_turn(self):
+        """A tile index without a tile (past the end, or a varlen index no sequence has): the turn still goes round,
+        so that both groups' turns keep pairing up."""
+        self.take_turn()
+        self.pass_turn()
 
     @cute.jit
     def load_v_rows(self, mV: cute.Tensor, batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32,

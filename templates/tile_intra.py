@@ -293,14 +293,17 @@ def make_tma_tile(mX: cute.Tensor, chunk: int):
 
 @cute.jit
 def issue_tma_tiles(pieces: cutlass.Constexpr, mbar_ptr: cute.Pointer, batch: cutlass.Int32, row0: cutlass.Int32,
-                    arrive: cutlass.Constexpr = True):
+                    arrive: cutlass.Constexpr = True, warp: cutlass.Int32 = None):
     """The TMA loads of `pieces`, ((atom, coordinate tensor) of `make_tma_tile`, padded shared tile sX, head) each:
     rows row0 .. row0 + chunk - 1 of that head of batch `batch` into sX, rows and pad (past the tensor's end, TMA
     writes zeros). Warp 0 arms the mbarrier at `mbar_ptr` with every box's bytes (arriving unless `arrive` is False,
     `issue_bulk_rows`' convention; the mbarrier counts one arrival, `init_bulk_mbar(.., 1)`) and issues them; the
     other warps do nothing. Every row is loaded: rows >= valid_rows hold the next sequence's rows or zeros, which
-    nothing stores (as the +0 rows of `load_rows`)."""
-    if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
+    nothing stores (as the +0 rows of `load_rows`). `warp`: this warp's index among the warps that load the tile
+    (warp-uniform; None: the CTA's warp index)."""
+    if cutlass.const_expr(warp is None):
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+    if warp == 0:
         box_bytes = 0
         for (atom, _), sX, _ in pieces:
             box_bytes += cute.size(sX, mode=[0]) * sX.stride[0] * sX.element_type.width // 8
@@ -358,7 +361,7 @@ def issue_tile_loads(path: cutlass.Constexpr, mbar_ptr: cutlass.Constexpr, tma_t
                      row_copies: cutlass.Constexpr, tensors: cutlass.Constexpr, tiles: cutlass.Constexpr,
                      batch: cutlass.Int32, head: cutlass.Int32, row0: cutlass.Int32, valid_rows: cutlass.Int32,
                      tidx: cutlass.Int32, warps: cutlass.Constexpr, parts: cutlass.Constexpr = "all",
-                     loads: cutlass.Constexpr = True):
+                     loads: cutlass.Constexpr = True, warp: cutlass.Int32 = None):
     """Issue, without waiting, the loads of one tile's q, k, g rows row0 .. row0 + chunk - 1 of batch `batch`, value
     head `head` (q, k at its `qk_head`) from `tensors` = (mQ, mK, mG) into the padded shared tiles `tiles` = (sQ,
     sK, sG), by `path` (`loads_of`): "tma", one box per tile (`issue_tma_tiles` with `tma_tiles`, `make_tma_tiles`);
@@ -369,7 +372,8 @@ def issue_tile_loads(path: cutlass.Constexpr, mbar_ptr: cutlass.Constexpr, tma_t
 
     `parts`: "all", or a tile's loads in two calls: "q" (q only; on the mbarrier paths it adds its bytes without
     arriving), then "rest" (k and g, arriving). `loads` False (the fused kernel's phase variants without loads): no
-    copies, but the same arrival (with 0 bytes) or commit group, so that the wait still completes."""
+    copies, but the same arrival (with 0 bytes) or commit group, so that the wait still completes. `warp`: the TMA
+    path's `issue_tma_tiles` warp (None: the CTA's warp index; `tidx` is then the CTA's thread index too)."""
     mQ, mK, mG = tensors
     sQ, sK, sG = tiles
     chunk = cute.size(sQ, mode=[0])
@@ -382,7 +386,7 @@ def issue_tile_loads(path: cutlass.Constexpr, mbar_ptr: cutlass.Constexpr, tma_t
         tma_q, tma_k, tma_g = tma_tiles
         q_head = qk_head(head, mQ, mG)
         pieces = [(tma_q, sQ, q_head)] * copy_q + [(tma_k, sK, q_head), (tma_g, sG, head)] * copy_kg
-        issue_tma_tiles(pieces, mbar_ptr, batch, row0, arrive=parts != "q")
+        issue_tma_tiles(pieces, mbar_ptr, batch, row0, arrive=parts != "q", warp=warp)
     elif cutlass.const_expr(path == "bulk"):
         row_tiles = [(gQ, sQ)] * copy_q + [(gK, sK), (gG, sG)] * copy_kg
         issue_bulk_rows(row_tiles, mbar_ptr, cute.arch.make_warp_uniform(cute.arch.warp_idx()), warps, valid_rows,

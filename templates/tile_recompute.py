@@ -325,18 +325,19 @@ def load_akk_fragments(tiled_mma: cute.TiledMma, sA: cute.Tensor, tidx: cutlass.
 @cute.jit
 def products_w_u(tiled_mma: cute.TiledMma, sA: cute.Tensor, sKp: cute.Tensor, sVp: cute.Tensor,
                  sOutW: cute.Tensor, sOutU: cute.Tensor, dW: cute.Tensor, dU: cute.Tensor,
-                 valid_rows: cutlass.Int32, tidx: cutlass.Int32, tma_out: cutlass.Constexpr = None):
+                 valid_rows: cutlass.Int32, tidx: cutlass.Int32, tma_out: cutlass.Constexpr = None,
+                 group: cutlass.Constexpr = None):
     """W = Akk @ Kp, then U = Akk @ Vp (sOutW/sOutU alias sKp/sVp) by 4 warps; the caller synchronizes
     before. At chunk 32 (two warps per product) warps 0-1 multiply W while warps 2-3 multiply U, each pair
     on its own named barrier. `tma_out`: None, or W's and U's (atom, coordinate tensor) for `product`'s TMA
-    stores (4 warps only)."""
+    stores (4 warps only). `group`: the 4 warps' barrier at chunk 64 (`sync_group`; None: the whole CTA)."""
     threads = product_threads(cute.size(sA, mode=[0]))
     if cutlass.const_expr(threads == NUM_WARPS * 32):
         tCrA = load_akk_fragments(tiled_mma, sA, tidx)
         s2r_B = b_operand_copy(tiled_mma, sKp.element_type)
         tma_w, tma_u = tma_out if cutlass.const_expr(tma_out is not None) else (None, None)
-        product(tiled_mma, s2r_B, tCrA, sKp, sOutW, dW, valid_rows, tidx, tma_out=tma_w)
-        product(tiled_mma, s2r_B, tCrA, sVp, sOutU, dU, valid_rows, tidx, tma_out=tma_u)
+        product(tiled_mma, s2r_B, tCrA, sKp, sOutW, dW, valid_rows, tidx, group, tma_out=tma_w)
+        product(tiled_mma, s2r_B, tCrA, sVp, sOutU, dU, valid_rows, tidx, group, tma_out=tma_u)
     else:
         products_by_groups(tiled_mma, sA, sKp, sVp, sOutW, sOutU, dW, dU, valid_rows, tidx % threads,
                            tidx < threads)

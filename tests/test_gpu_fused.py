@@ -3,7 +3,8 @@
 `kdajit.forward` runs the fused kernel on sm_90a; `kdajit.intra` + `kdajit.recompute_w_u` run the
 standalone kernels. Every output of every fused configuration (`kdajit.keys.FUSED_CONFIG_SPACE`: one
 tile per CTA, or persistent CTAs with 1 or 2 CTAs per SM, either raster order, loads issued one tile
-ahead or not, 4 or 8 warps, each gate-row schedule and intra unroll, W and U stored by threads or by TMA) must
+ahead or not, 4 or 8 warps, each gate-row schedule and intra unroll, W and U stored by threads or by TMA), and of the
+configurations outside it (`FUSED_PROBE_CONFIGS`: two tiles per CTA, `FusedConfig.pingpong`) in the many-tile tests, must
 equal the standalone route's bits, for both beta dtypes, dense and varlen (int32 and
 int64 cu_seqlens), with and without QG, on partial chunks, 1-token and empty sequences, and on shapes
 with many more tiles than CTAs (so every persistent CTA walks several tiles and reuses its shared
@@ -14,7 +15,7 @@ import torch
 
 import kdajit
 from kdajit import api, compiler, reference, tuner
-from kdajit.keys import BETA_DTYPES, FUSED_CONFIG_SPACE, ForwardSpec, FusedConfig
+from kdajit.keys import BETA_DTYPES, FUSED_CONFIG_SPACE, FUSED_PROBE_CONFIGS, ForwardSpec, FusedConfig
 from kdajit.outputs import BETA_TORCH_DTYPES
 from test_gpu_forward import OUTPUTS, assert_bitwise, assert_written, poisoned_out, seed  # noqa: F401 (fixture)
 
@@ -92,12 +93,15 @@ def test_reference_config_equals_standalone_varlen(seed, beta, output_qg, index_
 
 
 def builds(config: FusedConfig, beta: str, output_qg: bool) -> bool:
-    """Whether `config` is in the space the tuner builds for bf16 K = V = 128 (8 warps: QG off only)."""
+    """Whether `config` is in the space the tuner builds for bf16 K = V = 128 (8 warps: QG off only), or a probe
+    configuration that the fused template implements there."""
     spec = ForwardSpec(beta, "dense", 128, 128, 64, output_qg, compiler.current_arch())
-    return config in tuner.candidates(spec)[0]
+    key = spec.fused_key(config)
+    return config in tuner.candidates(spec)[0] or (config in FUSED_PROBE_CONFIGS
+                                                   and compiler.template_class(key).can_implement(key))
 
 
-@pytest.mark.parametrize("config", CONFIGS[1:], ids=lambda c: c.slug())
+@pytest.mark.parametrize("config", CONFIGS[1:] + FUSED_PROBE_CONFIGS, ids=lambda c: c.slug())
 def test_configs_equal_standalone_with_many_tiles_per_cta(seed, config):
     # 2 x 65 chunks x 24 heads = 3120 tiles: about 12-24 per persistent CTA; the last chunk is partial.
     x = reference.make_inputs(2, 4100, 24, beta_dtype=torch.float32, device="cuda")
@@ -109,7 +113,7 @@ def test_configs_equal_standalone_with_many_tiles_per_cta(seed, config):
     assert_bitwise(fused(x, cu, False, config), standalone(x, cu, False), f"varlen, {config}")
 
 
-@pytest.mark.parametrize("config", [c for c in CONFIGS if c.persistent], ids=lambda c: c.slug())
+@pytest.mark.parametrize("config", [c for c in CONFIGS + FUSED_PROBE_CONFIGS if c.persistent], ids=lambda c: c.slug())
 def test_persistent_walk_over_long_sequences_equals_standalone(seed, config):
     # A persistent CTA's next varlen tile is x + gridDim.x / HV chunks on (raster head) or gridDim.x chunks on (raster
     # chunk, wrapping to the next head): with HV = 32 and sequences of up to 20,000 tokens (313 chunks) many of a

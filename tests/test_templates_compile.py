@@ -13,6 +13,7 @@ reference key plus a sample covering every field value, config fields included; 
 import dataclasses
 import itertools
 import os
+import re
 
 import pytest
 import tiers
@@ -158,6 +159,57 @@ def test_tma_stores_emit_tma_stores_and_threads_none(tmp_path):
         found[stores] = (ptx.count("cp.async.bulk.tensor.3d.global.shared::cta"),
                          ptx.count("cp.async.bulk.wait_group.read"))
     assert found == {"threads": (0, 0), "tma": (4, 2)}
+
+
+def test_pingpong_only_as_two_4_warp_groups_in_one_cta_per_sm():
+    spec = ForwardSpec("bf16", "cu32", 128, 128, 64, False, "sm_90a")
+    cls = compiler.template_class(spec.fused_key())
+    pp = FusedConfig(True, 1, "head", 1, 8, pingpong="intra")
+    assert cls.can_implement(spec.fused_key(pp))
+    assert cls.can_implement(spec.fused_key(dataclasses.replace(pp, gate_rows="early-vbuf")))  # a 4-warp schedule
+    assert cls.can_implement(dataclasses.replace(spec, output_qg=True).fused_key(pp))
+    assert not cls.can_implement(spec.fused_key(dataclasses.replace(pp, warps=4)))  # two groups of 4 warps
+    assert not cls.can_implement(spec.fused_key(dataclasses.replace(pp, ctas_per_sm=2)))  # two tiles' bytes per CTA
+    assert not cls.can_implement(spec.fused_key(dataclasses.replace(pp, persistent=False)))
+    assert not cls.can_implement(spec.fused_key(dataclasses.replace(pp, pingpong="yes")))
+    assert not cls.can_implement(dataclasses.replace(spec, chunk=32).fused_key(pp))  # the product barriers' ids
+    largest = ForwardSpec("bf16", "cu32", 256, 256, 64, False, "sm_90a")  # one tile alone fills an SM
+    assert not cls.can_implement(largest.fused_key(pp))
+
+
+@pytest.mark.parametrize("spec", [ForwardSpec("bf16", "cu32", 100, 100, 64, False, "sm_90a"),  # cp.async loads
+                                  ForwardSpec("fp32", "dense", 64, 64, 64, True, "sm_90a")],  # QG
+                         ids=["cu32-k100", "dense-k64-qg"])
+def test_probe_configs_compile(spec, tmp_path):
+    """The configurations outside the space (`keys.FUSED_PROBE_CONFIGS`, not in the sweep) build for sm_90a beyond
+    the dense K = 128 kernels that the turn test compiles: the padded rows' cp.async loads, and QG."""
+    built = 0
+    for config in keys.FUSED_PROBE_CONFIGS:
+        key = spec.fused_key(config)
+        if compiler.template_class(key).can_implement(key):
+            compiler.export_object(compiler.compile_key(key), os.fspath(tmp_path / f"{config.slug()}.o"))
+            built += 1
+    assert built == (2 if spec.output_qg else 3)  # early-vbuf needs QG off
+
+
+def test_pingpong_turns_emit_turn_barriers_and_free_none(tmp_path):
+    """`FusedConfig.pingpong` "intra" hands the turn between the groups with named-barrier arrivals ("bar.arrive", the
+    other group waiting in "bar.sync" on 256 threads); "free" has neither, only each group's own barrier (128
+    threads); the one-group kernel only the CTA's. Turns that were silently left out would pass every bitwise test."""
+    spec = ForwardSpec("bf16", "dense", 128, 128, 64, False, "sm_90a")
+    found = {}
+    for mode in keys.PINGPONG_MODES:
+        config = FusedConfig(True, 1, "head", 1, 8, pingpong=mode) if mode != "off" else FusedConfig(True, 2, "head", 1)
+        key = spec.fused_key(config)
+        ptx_dir = tmp_path / mode
+        ptx_dir.mkdir()
+        compiler.compile_template(compiler.template_class(key)(key), key.arch, os.fspath(ptx_dir))
+        ptx = "".join(p.read_text() for p in ptx_dir.rglob("*.ptx"))
+        found[mode] = tuple(len(re.findall(pattern, ptx)) for pattern in
+                            (r"\bbar\.arrive\s+\S+, 256;", r"\bbar\.sync\s+\S+, 256;", r"\bbar\.sync\s+\S+, 128;"))
+    assert found["off"] == (0, 0, 0), found  # the CTA barrier only
+    assert found["free"][:2] == (0, 0) and found["free"][2] > 0, found  # each group's own barrier, no turns
+    assert min(found["intra"]) > 0, found
 
 
 def test_every_untuned_fused_configuration_is_buildable():

@@ -230,7 +230,7 @@ def test_malformed_or_foreign_records_are_refused_with_the_reason(cache_root):
         TuningRecord.from_json({**doc, "winner": dataclasses.asdict(FusedConfig(True, 4, "head", 0))})
     # Equal to a space member under ==, but another kernel's cache path: refused, never half-used.
     loose = {"persistent": 1, "ctas_per_sm": 2.0, "raster": "chunk", "loads_ahead": 0, "warps": 4, "gate_rows": "late",
-             "intra_unroll": 2, "stores": "threads"}
+             "intra_unroll": 2, "stores": "threads", "pingpong": "off"}
     with pytest.raises(ValueError, match="config.persistent=1 must be a bool"):
         TuningRecord.from_json({**doc, "winner": loose})
     with pytest.raises(ValueError, match="spec.head_k=128.0 must be a int"):
