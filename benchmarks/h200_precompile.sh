@@ -48,6 +48,22 @@ python benchmarks/fused_phases.py --export .gpu-cache/pad/k64 --kv 64 --only $(p
   $(phase_variants $a1) $gv
 python benchmarks/fused_phases.py --export .gpu-cache/pad/k100 --kv 100 --only $(phase_variants tile-w8) \
   $(phase_variants $a1) $gv
+# the configurations outside the space (keys.FUSED_PROBE_CONFIGS: two tiles per CTA, FusedConfig.pingpong) for
+# h200_session.sh pingpong: their phase variants beside a1's (phases/, pad/k100), their whole kernels against a1's
+# bits (pingpong/head against pingpong/base's a1, dense and cu32 at K = 128, K = 100), and their GPU tests' kernels
+pp=persistent-c1-head-a1-w8
+python benchmarks/fused_phases.py --export .gpu-cache/phases --only $(variant_words $pp-pp all compute-only loads) \
+  $(variant_words $pp-ppf all compute-only) $(variant_words $pp-gv-pp all compute-only)
+python benchmarks/fused_phases.py --export .gpu-cache/pad/k100 --kv 100 --only $(variant_words $pp-pp all) \
+  $(variant_words $pp-gv-pp all)
+rm -rf .gpu-cache/pingpong
+for set in 128-safe 128-safe-varlen 100-safe; do
+  varlen=$([[ "$set" == *-varlen ]] && echo --varlen || true)
+  python benchmarks/fused_phases.py --export ".gpu-cache/pingpong/base/kv$set" --kv "${set%%-*}" $varlen \
+    --only persistent-c2-head-a1.all
+  python benchmarks/fused_phases.py --export ".gpu-cache/pingpong/head/kv$set" --kv "${set%%-*}" $varlen \
+    --only $(variant_words "$pp-pp" all) $(variant_words "$pp-ppf" all) $(variant_words "$pp-gv-pp" all)
+done
 # COMPARE_BASE=<commit>: that commit's whole fused kernels beside this tree's (h200_session.sh compare), for a change
 # meant to keep the bits whose PTX differs; COMPARE_SETS lists the sets K-GATE (both 4- and 8-warp tiles each)
 # Other commits' trees (COMPARE_BASE, EXTRA_TREES): `checkout_tree REV` sets $tree to a worktree of REV, removed when
@@ -155,11 +171,18 @@ fused_bf16_128 --gate safe --beta bf16 --varlen cu64 --qg off "${configs[@]}"
 fused_bf16_128 --gate safe --beta bf16 --varlen cu32 --qg on \
   --config "persistent=true;ctas_per_sm=2;raster=head;loads_ahead=0"
 fused_bf16_128 --gate safe --beta bf16 --varlen dense --qg on "${qg_configs[@]}"     # stressconfigs
+# tests/test_gpu_fused.py's probe configurations (its many-tile and long-walk tests)
+pingpong="persistent=true;ctas_per_sm=1;raster=head;loads_ahead=1;warps=8"
+for mode in "pingpong=free" "pingpong=intra" "gate_rows=early-vbuf;pingpong=intra"; do
+  fused_bf16_128 --gate safe --beta fp32 --varlen dense --qg off --config "$pingpong;$mode"
+  fused_bf16_128 --gate safe --beta bf16 --varlen cu64 --qg off --config "$pingpong;$mode"
+  [[ "$mode" == gate_rows=* ]] || fused_bf16_128 --gate safe --beta fp32 --varlen dense --qg on --config "$pingpong;$mode"
+done
 # tests/test_gpu_any_gate.py (every configuration, QG on and off; the coverage cases) and bench_forward --gate any
 fused_bf16_128 --gate any --beta fp32 --varlen dense,cu64 --qg off "${configs[@]}"
 fused_bf16_128 --gate any --beta fp32 --varlen dense,cu64 --qg on "${qg_configs[@]}"
 precompile --gate any --io fp16 --beta fp16 --kv 64 --varlen cu64 --qg on --config ref
 precompile --gate any --io bf16 --beta bf16 --kv 256 --varlen cu64 --qg on --config ref
 # .gpu-cache/extra/EXP/ (kept between runs): an experiment's objects exported from its own tree (h200_session.sh extra)
-tar -C .gpu-cache -cJf .gpu-cache/cpu.tar.xz cpu phases pany pad $(cd .gpu-cache && ls -d compare extra 2>/dev/null)
+tar -C .gpu-cache -cJf .gpu-cache/cpu.tar.xz cpu phases pany pad pingpong $(cd .gpu-cache && ls -d compare extra 2>/dev/null)
 ls -la .gpu-cache/cpu.tar.xz

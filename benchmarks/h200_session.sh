@@ -10,7 +10,8 @@
 # the tarball; PHASES_ONLY narrows them to "CONFIG.VARIANT CONFIG.VARIANT ..."; PHASES_SMS="132 96" times each on
 # those numbers of SMs, by a green context: 96 of an H100's estimate an H200), held (held_sms.py: the copy rate on
 # HELD_SMS numbers of SMs), anycard (issue 12's ranking on whichever card came: on an H200 phases and benchmain of the
-# a1 schedules, on another card held and their phases on 132 and 96 SMs), phasespad (the K = 60 / 64 / 100
+# a1 schedules, on another card held and their phases on 132 and 96 SMs), pingpong (the probe configurations' bits
+# against a1's, their GPU tests and phases), phasespad (the K = 60 / 64 / 100
 # phase variants; PAD_K names one head size, PHASES_ONLY narrows them), compare (COMPARE_BASE's fused kernels against
 # this tree's, bit for bit; benchmarks/compare_objects.py), extra (experiments' objects from other trees under
 # .gpu-cache/extra/: phases and bit comparisons; EXTRA_EXPS names some of them, in order), repeat (main's K = 128
@@ -145,6 +146,8 @@ run_stage() {
       local a=persistent-c2-head-a1
       local only="$a.all $a.compute-only $a-ts.all $a-ts.compute-only $a-r1.all $a-r1.compute-only $a-r1-ts.all"
       only+=" $a-gv.all $a-gv.compute-only $a-ge.all tile.all"
+      local p=persistent-c1-head-a1-w8  # two tiles per CTA (FusedConfig.pingpong; probes, see the pingpong stage)
+      only+=" $p-pp.all $p-pp.compute-only $p-ppf.all $p-ppf.compute-only $p-gv-pp.all $p-gv-pp.compute-only"
       if [[ $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) == *H200* ]]; then
         PHASES_ONLY=${PHASES_ONLY:-$only} run_stage phases
         BENCH_LIMIT=${BENCH_LIMIT:-420} BENCH_ROWS=${BENCH_ROWS:-B2-T8192-H64-bf16,B2-T8192-H64-fp32,B2-T8192-H64-K60,B2-T8192-H64-K100} \
@@ -153,6 +156,14 @@ run_stage() {
         run_stage held
         PHASES_ONLY=${PHASES_ONLY:-$only} PHASES_SMS=${PHASES_SMS:-132 96} run_stage phases
       fi ;;
+    pingpong)  # the probe configurations (keys.FUSED_PROBE_CONFIGS, FusedConfig.pingpong): their whole kernels
+      # against a1's bits (h200_precompile.sh's pingpong/ sets), their GPU tests, their phases beside a1's
+      compare_sets /tmp/precompiled/pingpong/base /tmp/precompiled/pingpong/head pingpong persistent-c2-head-a1
+      stage pingpong_tests "${PINGPONG_LIMIT:-300}" python3 -m pytest -q -m gpu -rfE tests/test_gpu_fused.py \
+        -k "w8 and pp"
+      local a=persistent-c2-head-a1 p=persistent-c1-head-a1-w8
+      PHASES_ONLY=${PHASES_ONLY:-"$a.all $a.compute-only $a.loads $a-gv.all $a-gv.compute-only $p-ppf.all \
+$p-ppf.compute-only $p-pp.all $p-pp.compute-only $p-pp.loads $p-gv-pp.all $p-gv-pp.compute-only"} run_stage phases ;;
     phasesany)  # the any-gate variants of every object directory under the tarball's pany/ (h200_precompile.sh
       # exports this tree's as pany/head; an experiment adds its own beside it)
       for dir in /tmp/precompiled/pany/*/; do
