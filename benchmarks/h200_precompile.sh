@@ -174,7 +174,7 @@ fused_bf16_128 --gate safe --beta bf16 --varlen dense --qg on "${qg_configs[@]}"
 # tests/test_gpu_fused.py's probe configurations (its many-tile and long-walk tests)
 pingpong="persistent=true;ctas_per_sm=1;raster=head;loads_ahead=1;warps=8"
 for mode in "pingpong=free" "pingpong=intra" "gate_rows=early-vbuf;pingpong=intra"; do
-  fused_bf16_128 --gate safe --beta fp32 --varlen dense --qg off --config "$pingpong;$mode"
+  fused_bf16_128 --gate safe --beta fp32,bf16 --varlen dense --qg off --config "$pingpong;$mode"
   fused_bf16_128 --gate safe --beta bf16 --varlen cu64 --qg off --config "$pingpong;$mode"
   [[ "$mode" == gate_rows=* ]] || fused_bf16_128 --gate safe --beta fp32 --varlen dense --qg on --config "$pingpong;$mode"
 done

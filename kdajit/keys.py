@@ -87,7 +87,8 @@ class FusedConfig:
     """Launch configuration of the fused forward kernel; every value gives identical bits.
 
     `persistent`: False = one (chunk, head) tile per CTA on the standalone kernels' grid; True = a
-    grid of min(tiles, SMs * ctas_per_sm) CTAs that walk the tiles with a static stride.
+    grid of min(tiles, SMs * ctas_per_sm) CTAs that walk the tiles with a static stride (with `pingpong`, each of
+    a CTA's two groups its own tiles).
     `ctas_per_sm`: resident CTAs per SM the persistent grid is sized for (and the occupancy the
     launch requests). `raster`: tile order of the persistent walk, "chunk" (chunk index fastest,
     the standalone grid's order) or "head" (head fastest: consecutive tiles read adjacent rows of
@@ -96,7 +97,8 @@ class FusedConfig:
     shared buffers the current tile has finished reading, while it computes W, U and stores).
     `warps`: 4 (every warp runs every phase) or 8 (two warp groups: the intra blocks spread over all
     8 warps; then warps 0-3 invert while warps 4-7 compute the gate rows, and warps 0-3 multiply W
-    while warps 4-7 multiply U; only without QG and with loads_ahead 0).
+    while warps 4-7 multiply U; only without QG and with loads_ahead 0), or, with `pingpong`, two groups of 4
+    warps on two tiles.
     `gate_rows`: where a 4-warp persistent CTA with loads_ahead 1 and no QG runs the gate rows: "late" (after the
     inverse; the next tile's q is issued after the intra phase, the rest after the gate rows), "early" (right after
     the intra phase, Kp kept in registers until the inverse frees its buffer, so every load of the next tile is
@@ -111,8 +113,9 @@ class FusedConfig:
     "threads" (each thread its rows' 16-byte pieces) or "tma" (the staging tiles as 64-column panels of the 128-byte
     swizzle; a warp whose 16 rows are all valid stores them as one TMA box per panel, a partial warp as "threads").
     Data movement only.
-    `pingpong`: "off", or two tiles at once in one persistent CTA of 8 warps (one CTA per SM): warps 0-3 and 4-7 are
-    two groups of 4, each walking its own tiles through its own shared memory with the 4-warp schedule ("free"), or
+    `pingpong`: "off", or two tiles at once in one persistent CTA of 8 warps (one CTA per SM, loads_ahead 1): warps
+    0-3 and 4-7 are two groups of 4, each walking its own tiles through its own shared memory with the 4-warp
+    schedule (what `gate_rows`, `intra_unroll` and `stores` say of a 4-warp CTA holds for each group) ("free"), or
     also taking turns at the intra phase, so that one group's intra blocks run beside the other's inverse and
     recompute ("intra"). The same per-tile functions on the same operands as the 4-warp CTA.
     Non-persistent configs keep the defaults of the other fields but `warps`.

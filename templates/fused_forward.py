@@ -5,7 +5,8 @@ output element is computed by the same device functions (templates/tile_intra.py
 tile_recompute.py) from the same operand values, in the order docs/numerics.md fixes. Only where the
 operands live changes: L and Akk never leave the CTA, and k, g are read from HBM once.
 
-Per tile (4 warps, 128 threads; the phases run one after another, separated by CTA barriers):
+Per tile (4 warps, 128 threads; the phases run one after another, separated by barriers of those 4 warps: the CTA's,
+or a group's with `FusedConfig.pingpong` below):
 1. loads (`load_tile`): q, k (io dtype), g (fp32) rows into padded shared tiles, completing on an mbarrier that
    every thread waits on (`tile_intra.issue_tile_loads`, `wait_tile_loads`, by the path of `tile_intra.loads_of`,
    as in the standalone intra kernel): at K = 64, 128 each tile is one TMA box, rows and row pad, issued by one
@@ -39,7 +40,7 @@ and stores W while group 1 multiplies and stores U. Each group synchronizes on i
 barrier; every element still comes from the same device function on the same operands.
 
 With `FusedConfig.pingpong` (persistent, one CTA of 8 warps per SM) the CTA holds two tiles at once: warps 0-3 and
-4-7 are two groups, each running `one_group_tile` on its own tiles (group g: tile indices 2 b + g, += 2 x grid) in its
+4-7 are two groups, each running `one_group_tile` on its own tiles (group g: tile indices b + g x grid, += 2 x grid) in its
 own copy of the shared memory below (two structs, 231,424 B at K = V = 128), synchronizing on its own named barrier
 (TILE_BARRIERS) where the 4-warp CTA synchronizes the CTA. That is two 4-warp CTAs in one; what it adds ("intra") is
 an order between them: the groups take turns at the intra phase (TURN_BARRIERS: a group waits for the other to pass
@@ -224,9 +225,12 @@ class FusedForward:
             return False
         if not cfg.persistent and cfg != type(cfg)(warps=cfg.warps):  # one tile per CTA: the others do not apply
             return False
-        if cfg.pingpong != "off" and (cfg.warps != 8 or cfg.ctas_per_sm != 1 or key.chunk != 64
-                                      or loads_of(key) == "bulk"):
-            return False  # two 4-warp groups in one CTA per SM; their barriers are the chunk-64 schedule's
+        if cfg.pingpong != "off" and (cfg.warps != 8 or cfg.ctas_per_sm != 1 or not cfg.loads_ahead
+                                      or key.chunk != 64 or loads_of(key) == "bulk"):
+            # two 4-warp groups in one CTA per SM, each loading its next tile ahead (the schedule the probes test);
+            # chunk 32's products take named barriers 1-2 across the CTA, and the bulk path arms the loads' mbarrier
+            # from the CTA's warps (K = 256, which does not fit twice anyway)
+            return False
         tile_warps = 4 if cfg.pingpong != "off" else cfg.warps  # the warps of one tile
         if tile_warps == 8 and (key.output_qg or cfg.loads_ahead):  # Kp takes q's buffer; no early loads
             return False
@@ -260,10 +264,7 @@ class FusedForward:
         tiles = grid_shape(mGk, mCuSeqlens, self.chunk, self.varlen)
         grid = tiles
         if cutlass.const_expr(self.config.persistent):
-            ctas = tiles[0] * tiles[1] * tiles[2]
-            if cutlass.const_expr(self.pingpong):  # two tiles at once per CTA
-                ctas = (ctas + 1) // 2
-            grid = (min(ctas, max_ctas), 1, 1)
+            grid = (min(tiles[0] * tiles[1] * tiles[2], max_ctas), 1, 1)
         layouts = RecomputeLayouts(self.chunk, self.head_k, self.head_v, panels=self.tma_stores)
         smem_struct, inverse_work, recompute_work = fused_smem_struct(self.chunk, self.head_k, self.head_v,
                                                                       self.io, self.load_path)
@@ -343,29 +344,28 @@ class FusedForward:
             tile = cutlass.Int32(bidx)
             stride = cutlass.Int32(gdim)
             if cutlass.const_expr(self.pingpong):
-                # group g walks tiles 2 b + g, += 2 x grid; both groups make the same iterations (those of group 0's
-                # tiles < tiles), so that their turns pair up; group 1's last tile may be past the end (not valid)
-                tile = 2 * tile + group
+                # group g walks tiles b + g x grid, += 2 x grid (so a grid of min(tiles, SMs) keeps every SM busy); both
+                # groups make the same iterations (those of group 0's tiles < tiles), so that their turns pair up;
+                # group 1's tiles past the end are not valid
+                tile = tile + group * stride
                 stride = 2 * stride
                 if group == 1:
                     self.pass_turn()  # group 0 takes the first turn
             cursor = SEQ_CURSOR_START
             valid, batch, head, row0, rows, cursor = self.tile_at(tensors, tile, tiles, tiles_x, cursor)
-            if cutlass.const_expr(self.config.loads_ahead == 0):
-                while tile - group < tiles:
+            if cutlass.const_expr(self.config.loads_ahead == 0):  # never with pingpong (`can_implement`)
+                while tile < tiles:
                     if valid:
                         self.load_tile(tensors, smem, ops, batch, head, row0, rows, rV, rBeta, "all", mbar)
                         self.compute_tile(tensors, smem, ops, scale, batch, head, row0, rows, rV, rBeta, mbar,
                                           phase)
                         phase = phase ^ 1
-                    else:
-                        self.skip_turn()
                     tile = tile + stride
                     valid, batch, head, row0, rows, cursor = self.tile_at(tensors, tile, tiles, tiles_x, cursor)
             else:
                 if valid:
                     self.load_tile(tensors, smem, ops, batch, head, row0, rows, rV, rBeta, "all", mbar)
-                while tile - group < tiles:
+                while self.lead_tile(tile, group, cutlass.Int32(gdim)) < tiles:
                     nxt = tile + stride
                     n_valid, n_batch, n_head, n_row0, n_rows, cursor = self.tile_at(tensors, nxt, tiles, tiles_x,
                                                                                     cursor)
@@ -398,7 +398,7 @@ class FusedForward:
                 tiles_x: cutlass.Int32, cursor):
         """(valid, batch, head, row0, rows, cursor) of persistent tile index `tile` in the configured raster
         order (which of chunk x and head varies fastest); not valid when tile >= tiles. `cursor`: the varlen
-        walk's (`common.walk_coords`), returned advanced; unused when dense or with 8 warps."""
+        walk's (`common.walk_coords`), returned advanced; unused when dense or with 8 warps on one tile."""
         mG, mCuSeqlens = tensors[3], tensors[11]
         heads = mG.shape[2]
         x = tile % tiles_x
@@ -449,7 +449,7 @@ class FusedForward:
                      valid_rows: cutlass.Int32, rV: cute.Tensor, rBeta: cute.Tensor, mbar: cutlass.Constexpr,
                      phase: cutlass.Int32, next_tile: cutlass.Constexpr = None):
         """Phases 2-4 of the module docstring for a tile whose loads (`load_tile`) are in flight, by one
-        group of 4 warps or, with 8 warps, by two (`two_group_tile`). `mbar`, `phase`: `load_tile`'s `mbar` and the
+        group of 4 warps or, with 8 warps on one tile, by two (`two_group_tile`). `mbar`, `phase`: `load_tile`'s `mbar` and the
         mbarrier phase this tile's loads complete (on the mbarrier paths)."""
         landed = (mbar, phase)
         if cutlass.const_expr(self.tile_warps == 8):
@@ -634,7 +634,8 @@ class FusedForward:
                      phase: cutlass.Int32):
         """Wait for this tile's loads (`wait_tile_loads`: with `mbar`, `load_tile`'s, on the mbarrier paths those of
         mbarrier phase `phase`) and, with TMA stores, for the last tile's stores to have read their staging tiles;
-        convert its beta (rBeta) into sBeta, synchronize the CTA; returns (thread index, warp index, lane)."""
+        convert its beta (rBeta) into sBeta, synchronize the tile's warps (`tile_barrier`); returns (thread index,
+        warp index, lane) among them (`thread_ids`)."""
         tidx, warp_idx, lane = self.thread_ids()
         wait_tile_loads(self.load_path, mbar[0], phase)
         if cutlass.const_expr(self.tma_stores):
@@ -643,6 +644,13 @@ class FusedForward:
             sBeta[tidx] = beta_row(rBeta[0], tidx, valid_rows)
         sync_group(self.tile_barrier())
         return tidx, warp_idx, lane
+
+    def lead_tile(self, tile, group, grid):
+        """The persistent walk's loop bound: `tile` itself, or with `FusedConfig.pingpong` group 0's tile of the
+        iteration in which this warp's group is at `tile` (both groups make group 0's iterations)."""
+        if cutlass.const_expr(not self.pingpong):
+            return tile
+        return tile - group * grid
 
     def thread_ids(self):
         """(thread index, warp index, lane) of this thread among the warps that compute its tile: the CTA's, or with

@@ -368,7 +368,8 @@ def issue_tile_loads(path: cutlass.Constexpr, mbar_ptr: cutlass.Constexpr, tma_t
     "bulk", one copy per row < valid_rows (`issue_bulk_rows`, the CTA's `warps` warps); "cp.async", rows <
     valid_rows (`load_rows` by thread `tidx` with `row_copies` = (q and k's, g's `make_row_copy`), then one commit
     group). The mbarrier paths complete on `mbar_ptr` (`init_tile_loads`); `wait_tile_loads` waits for any path.
-    Every thread of the CTA calls it.
+    Every thread of the warps that compute the tile calls it (`tidx` their index; the CTA's but in the fused kernel's
+    `FusedConfig.pingpong`, whose groups pass `warp`).
 
     `parts`: "all", or a tile's loads in two calls: "q" (q only; on the mbarrier paths it adds its bytes without
     arriving), then "rest" (k and g, arriving). `loads` False (the fused kernel's phase variants without loads): no

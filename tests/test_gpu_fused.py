@@ -113,6 +113,15 @@ def test_configs_equal_standalone_with_many_tiles_per_cta(seed, config):
     assert_bitwise(fused(x, cu, False, config), standalone(x, cu, False), f"varlen, {config}")
 
 
+@pytest.mark.parametrize("config", FUSED_PROBE_CONFIGS, ids=lambda c: c.slug())
+def test_probes_equal_standalone_on_few_and_odd_tile_counts(seed, config):
+    # Two tiles per CTA (`FusedConfig.pingpong`): 1 tile, 9 tiles, and 240 (more than the SMs, fewer than their
+    # groups on a 132-SM card), so one group's tiles run out first and it must keep passing the turn.
+    for B, T, H in ((1, 64, 1), (1, 130, 3), (3, 1000, 5)):
+        x = reference.make_inputs(B, T, H, beta_dtype=torch.bfloat16, device="cuda")
+        assert_bitwise(fused(x, None, False, config), standalone(x, None, False), f"dense {B}x{T}x{H}, {config}")
+
+
 @pytest.mark.parametrize("config", [c for c in CONFIGS + FUSED_PROBE_CONFIGS if c.persistent], ids=lambda c: c.slug())
 def test_persistent_walk_over_long_sequences_equals_standalone(seed, config):
     # A persistent CTA's next varlen tile is x + gridDim.x / HV chunks on (raster head) or gridDim.x chunks on (raster

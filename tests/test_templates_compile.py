@@ -171,10 +171,12 @@ def test_pingpong_only_as_two_4_warp_groups_in_one_cta_per_sm():
     assert not cls.can_implement(spec.fused_key(dataclasses.replace(pp, warps=4)))  # two groups of 4 warps
     assert not cls.can_implement(spec.fused_key(dataclasses.replace(pp, ctas_per_sm=2)))  # two tiles' bytes per CTA
     assert not cls.can_implement(spec.fused_key(dataclasses.replace(pp, persistent=False)))
+    assert not cls.can_implement(spec.fused_key(dataclasses.replace(pp, loads_ahead=0)))  # the schedule tested
     assert not cls.can_implement(spec.fused_key(dataclasses.replace(pp, pingpong="yes")))
     assert not cls.can_implement(dataclasses.replace(spec, chunk=32).fused_key(pp))  # the product barriers' ids
-    largest = ForwardSpec("bf16", "cu32", 256, 256, 64, False, "sm_90a")  # one tile alone fills an SM
-    assert not cls.can_implement(largest.fused_key(pp))
+    wide_v = ForwardSpec("bf16", "cu32", 128, 256, 64, False, "sm_90a")  # TMA loads, but two tiles' bytes overflow
+    assert not cls.can_implement(wide_v.fused_key(pp))
+    assert cls.can_implement(wide_v.fused_key(FusedConfig(True, 1, "head", 1)))
 
 
 @pytest.mark.parametrize("spec", [ForwardSpec("bf16", "cu32", 100, 100, 64, False, "sm_90a"),  # cp.async loads
@@ -206,10 +208,12 @@ def test_pingpong_turns_emit_turn_barriers_and_free_none(tmp_path):
         compiler.compile_template(compiler.template_class(key)(key), key.arch, os.fspath(ptx_dir))
         ptx = "".join(p.read_text() for p in ptx_dir.rglob("*.ptx"))
         found[mode] = tuple(len(re.findall(pattern, ptx)) for pattern in
-                            (r"\bbar\.arrive\s+\S+, 256;", r"\bbar\.sync\s+\S+, 256;", r"\bbar\.sync\s+\S+, 128;"))
-    assert found["off"] == (0, 0, 0), found  # the CTA barrier only
+                            (r"\bbar\.arrive\s+\S+, 256;", r"\bbar\.sync\s+\S+, 256;", r"\bbar\.sync\s+\S+, 128;",
+                             r"\bbar\.sync\s+5, 256;"))
+    assert found["off"] == (0, 0, 0, 0), found  # the CTA barrier only
     assert found["free"][:2] == (0, 0) and found["free"][2] > 0, found  # each group's own barrier, no turns
-    assert min(found["intra"]) > 0, found
+    assert min(found["intra"][:3]) > 0, found
+    assert found["intra"][3] == 1, found  # group 0's last wait, for the turn group 1 passes after its last tile
 
 
 def test_every_untuned_fused_configuration_is_buildable():
