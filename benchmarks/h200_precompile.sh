@@ -53,7 +53,8 @@ python benchmarks/fused_phases.py --export .gpu-cache/pad/k100 --kv 100 --only $
 # bits (pingpong/head against pingpong/base's a1, dense and cu32 at K = 128, K = 100), and their GPU tests' kernels
 pp=persistent-c1-head-a1-w8
 python benchmarks/fused_phases.py --export .gpu-cache/phases --only $(variant_words $pp-pp all compute-only loads) \
-  $(variant_words $pp-ppf all compute-only) $(variant_words $pp-gv-pp all compute-only)
+  $(variant_words $pp-ppf all compute-only) $(variant_words $pp-ppi all compute-only) \
+  $(variant_words $pp-gv-pp all compute-only)
 python benchmarks/fused_phases.py --export .gpu-cache/pad/k100 --kv 100 --only $(variant_words $pp-pp all) \
   $(variant_words $pp-gv-pp all)
 rm -rf .gpu-cache/pingpong
@@ -62,7 +63,8 @@ for set in 128-safe 128-safe-varlen 100-safe; do
   python benchmarks/fused_phases.py --export ".gpu-cache/pingpong/base/kv$set" --kv "${set%%-*}" $varlen \
     --only persistent-c2-head-a1.all
   python benchmarks/fused_phases.py --export ".gpu-cache/pingpong/head/kv$set" --kv "${set%%-*}" $varlen \
-    --only $(variant_words "$pp-pp" all) $(variant_words "$pp-ppf" all) $(variant_words "$pp-gv-pp" all)
+    --only $(variant_words "$pp-pp" all) $(variant_words "$pp-ppf" all) $(variant_words "$pp-ppi" all) \
+    $(variant_words "$pp-gv-pp" all)
 done
 # COMPARE_BASE=<commit>: that commit's whole fused kernels beside this tree's (h200_session.sh compare), for a change
 # meant to keep the bits whose PTX differs; COMPARE_SETS lists the sets K-GATE (both 4- and 8-warp tiles each)
@@ -173,7 +175,7 @@ fused_bf16_128 --gate safe --beta bf16 --varlen cu32 --qg on \
 fused_bf16_128 --gate safe --beta bf16 --varlen dense --qg on "${qg_configs[@]}"     # stressconfigs
 # tests/test_gpu_fused.py's probe configurations (its many-tile and long-walk tests)
 pingpong="persistent=true;ctas_per_sm=1;raster=head;loads_ahead=1;warps=8"
-for mode in "pingpong=free" "pingpong=intra" "gate_rows=early-vbuf;pingpong=intra"; do
+for mode in "pingpong=free" "pingpong=intra" "pingpong=inverse" "gate_rows=early-vbuf;pingpong=intra"; do
   fused_bf16_128 --gate safe --beta fp32,bf16 --varlen dense --qg off --config "$pingpong;$mode"
   fused_bf16_128 --gate safe --beta bf16 --varlen cu64 --qg off --config "$pingpong;$mode"
   [[ "$mode" == gate_rows=* ]] || fused_bf16_128 --gate safe --beta fp32 --varlen dense --qg on --config "$pingpong;$mode"

@@ -147,7 +147,8 @@ run_stage() {
       local only="$a.all $a.compute-only $a-ts.all $a-ts.compute-only $a-r1.all $a-r1.compute-only $a-r1-ts.all"
       only+=" $a-gv.all $a-gv.compute-only $a-ge.all tile.all"
       local p=persistent-c1-head-a1-w8  # two tiles per CTA (FusedConfig.pingpong; probes, see the pingpong stage)
-      only+=" $p-pp.all $p-pp.compute-only $p-ppf.all $p-ppf.compute-only $p-gv-pp.all $p-gv-pp.compute-only"
+      only+=" $p-pp.all $p-pp.compute-only $p-ppf.all $p-ppf.compute-only $p-ppi.all $p-ppi.compute-only"
+      only+=" $p-gv-pp.all $p-gv-pp.compute-only"
       if [[ $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) == *H200* ]]; then
         PHASES_ONLY=${PHASES_ONLY:-$only} run_stage phases
         BENCH_LIMIT=${BENCH_LIMIT:-420} BENCH_ROWS=${BENCH_ROWS:-B2-T8192-H64-bf16,B2-T8192-H64-fp32,B2-T8192-H64-K60,B2-T8192-H64-K100} \
@@ -163,7 +164,8 @@ run_stage() {
         -k "w8 and pp"
       local a=persistent-c2-head-a1 p=persistent-c1-head-a1-w8
       PHASES_ONLY=${PHASES_ONLY:-"$a.all $a.compute-only $a.loads $a-gv.all $a-gv.compute-only $p-ppf.all \
-$p-ppf.compute-only $p-pp.all $p-pp.compute-only $p-pp.loads $p-gv-pp.all $p-gv-pp.compute-only"} run_stage phases ;;
+$p-ppf.compute-only $p-pp.all $p-pp.compute-only $p-pp.loads $p-ppi.all $p-ppi.compute-only $p-gv-pp.all \
+$p-gv-pp.compute-only"} run_stage phases ;;
     phasesany)  # the any-gate variants of every object directory under the tarball's pany/ (h200_precompile.sh
       # exports this tree's as pany/head; an experiment adds its own beside it)
       for dir in /tmp/precompiled/pany/*/; do

@@ -117,7 +117,8 @@ class FusedConfig:
     0-3 and 4-7 are two groups of 4, each walking its own tiles through its own shared memory with the 4-warp
     schedule (what `gate_rows`, `intra_unroll` and `stores` say of a 4-warp CTA holds for each group) ("free"), or
     also taking turns at the intra phase, so that one group's intra blocks run beside the other's inverse and
-    recompute ("intra"). The same per-tile functions on the same operands as the 4-warp CTA.
+    recompute ("intra"), or at the inverse ("inverse"). The same per-tile functions on the same operands as the
+    4-warp CTA.
     Non-persistent configs keep the defaults of the other fields but `warps`.
     The reference configuration is the default instance.
     """
@@ -140,7 +141,7 @@ class FusedConfig:
         early = {"early": "-ge", "early-vbuf": "-gv"}.get(self.gate_rows, "")
         rolled = f"-r{self.intra_unroll}" if self.intra_unroll != 2 else ""
         stores = "-ts" if self.stores == "tma" else ""
-        pingpong = {"free": "-ppf", "intra": "-pp"}.get(self.pingpong, "")
+        pingpong = {"free": "-ppf", "intra": "-pp", "inverse": "-ppi"}.get(self.pingpong, "")
         return f"persistent-c{self.ctas_per_sm}-{self.raster}{ahead}{warps}{early}{rolled}{stores}{pingpong}"
 
 
@@ -148,7 +149,7 @@ FUSED_WARPS = (4, 8)
 GATE_ROWS = ("late", "early", "early-vbuf")
 INTRA_UNROLLS = (2, 1)
 STORE_PATHS = ("threads", "tma")
-PINGPONG_MODES = ("off", "free", "intra")
+PINGPONG_MODES = ("off", "free", "intra", "inverse")
 # The fused kernel's declared configuration space (what the full compile sweep builds, the bitwise
 # GPU tests run and the autotuner may choose from); the reference configuration comes first.
 FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
@@ -162,7 +163,8 @@ FUSED_CONFIG_SPACE = (FusedConfig(),) + tuple(
 # joins the space once its GPU tests have passed on a card (docs/performance.md). `pingpong`: built 2026-12-08, not yet
 # run on a GPU.
 FUSED_PROBE_CONFIGS = tuple(FusedConfig(True, 1, "head", 1, 8, gate_rows=rows, pingpong=mode)
-                            for rows, mode in (("late", "free"), ("late", "intra"), ("early-vbuf", "intra")))
+                            for rows, mode in (("late", "free"), ("late", "intra"), ("late", "inverse"),
+                                               ("early-vbuf", "intra")))
 
 
 @dataclass(frozen=True)

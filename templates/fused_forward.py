@@ -42,10 +42,11 @@ barrier; every element still comes from the same device function on the same ope
 With `FusedConfig.pingpong` (persistent, one CTA of 8 warps per SM) the CTA holds two tiles at once: warps 0-3 and
 4-7 are two groups, each running `one_group_tile` on its own tiles (group g: tile indices b + g x grid, += 2 x grid) in its
 own copy of the shared memory below (two structs, 231,424 B at K = V = 128), synchronizing on its own named barrier
-(TILE_BARRIERS) where the 4-warp CTA synchronizes the CTA. That is two 4-warp CTAs in one; what it adds ("intra") is
-an order between them: the groups take turns at the intra phase (TURN_BARRIERS: a group waits for the other to pass
-the turn before its intra blocks, and passes it after them), so that one group's tensor-core and exponential work
-runs beside the other's inverse (latency-bound) and recompute, instead of both groups meeting in the same phase.
+(TILE_BARRIERS) where the 4-warp CTA synchronizes the CTA. That is two 4-warp CTAs in one ("free"); what it adds is
+an order between them: the groups take turns at the intra phase ("intra"; TURN_BARRIERS: a group waits for the other
+to pass the turn before its intra blocks, and passes it after them), so that one group's tensor-core and exponential
+work runs beside the other's inverse (latency-bound) and recompute, instead of both groups meeting in the same phase;
+or at the inverse ("inverse"), so that one group's dependent chains run beside the other's intra or recompute.
 Both groups make the same number of loop iterations, a tile index past the end or without a tile still passing the
 turn (`skip_turn`), so every wait meets its arrival.
 
@@ -116,6 +117,7 @@ GROUP_BARRIERS = tuple((barrier, GROUP_THREADS) for barrier in PRODUCT_BARRIERS)
 # TURN_BARRIERS[g] (both groups' 256 threads: g's syncing, the other's arriving) before its intra phase.
 TILE_BARRIERS = (3, 4)
 TURN_BARRIERS = (5, 6)
+TURNS = ("intra", "inverse")  # the `FusedConfig.pingpong` values with turns: the phase the groups take turns at
 PHASES = ("loads", "intra", "inverse", "recompute")  # every kernel built from a key runs all of them
 SMEM_PER_SM = 233_472          # H100/H200: 228 KiB of shared memory per SM
 SMEM_PER_CTA_MAX = 232_448     # 227 KiB usable by one CTA
@@ -567,13 +569,13 @@ class FusedForward:
         tidx, warp_idx, lane = self.loads_landed(sBeta, rBeta, valid_rows, *landed)
 
         # 2. Intra: Aqk -> global, L -> smem; L rows >= valid_rows := +0.
-        self.take_turn()
+        self.take_turn("intra")
         if cutlass.const_expr("intra" in self.phases):
             intra_tile(intra_mma, sQ, sK, sG, sBeta, chunk_rows(mAqk, batch, head, row0, C), sL, warp_idx,
                        lane, valid_rows, scale, self.key.head_k, warp_schedule(4, self.safe_gate, C), self.safe_gate,
                        self.config.intra_unroll)
             zero_rows_from(l_copy, sL, tidx, valid_rows)
-        self.pass_turn()
+        self.pass_turn("intra")
         sync_group(self.tile_barrier())
         if cutlass.const_expr(q_early):
             if next_tile[0]:
@@ -596,10 +598,12 @@ class FusedForward:
                 self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "keys", landed[0])
 
         # 3. Inverse in smem; Akk rows < valid_rows -> global.
+        self.take_turn("inverse")
         if cutlass.const_expr("inverse" in self.phases):
             invert_tile(sL, sX, sX00, warp_idx, lane, self.tile_barrier())
             sync_group(self.tile_barrier())
             store_akk_rows(akk_store_copy, sX, chunk_rows(mAkk, batch, head, row0, C), tidx, valid_rows)
+        self.pass_turn("inverse")
 
         # 4. Recompute: Akk -> A tile (reusing the L / X bytes), Kp (and, unless the gate rows ran early, Vp, KG,
         # QG), then W, U.
@@ -673,16 +677,18 @@ class FusedForward:
             return None
         return (TILE_BARRIERS[0] + self.tile_group(), self.tile_threads)
 
-    def take_turn(self):
-        """`FusedConfig.pingpong` "intra": wait until the other group has passed this group the turn (`pass_turn`);
-        nothing otherwise."""
-        if cutlass.const_expr(self.config.pingpong == "intra"):
+    def take_turn(self, phase: str = None):
+        """With turns (`FusedConfig.pingpong` "intra" or "inverse": TURNS), before the phase the groups take turns at
+        (`phase` that one, or None: whichever it is), wait until the other group has passed this group the turn
+        (`pass_turn`); nothing otherwise."""
+        if cutlass.const_expr(self.config.pingpong in TURNS and phase in (None, self.config.pingpong)):
             cute.arch.barrier(barrier_id=TURN_BARRIERS[0] + self.tile_group(),
                               number_of_threads=2 * self.tile_threads)
 
-    def pass_turn(self):
-        """`FusedConfig.pingpong` "intra": let the other group take its turn (`take_turn`); nothing otherwise."""
-        if cutlass.const_expr(self.config.pingpong == "intra"):
+    def pass_turn(self, phase: str = None):
+        """With turns, after the phase the groups take turns at (`phase` as `take_turn`'s), let the other group take its
+        turn; nothing otherwise."""
+        if cutlass.const_expr(self.config.pingpong in TURNS and phase in (None, self.config.pingpong)):
             cute.arch.barrier_arrive(barrier_id=TURN_BARRIERS[1] - self.tile_group(),
                                      number_of_threads=2 * self.tile_threads)
 

@@ -191,15 +191,16 @@ def test_probe_configs_compile(spec, tmp_path):
         if compiler.template_class(key).can_implement(key):
             compiler.export_object(compiler.compile_key(key), os.fspath(tmp_path / f"{config.slug()}.o"))
             built += 1
-    assert built == (2 if spec.output_qg else 3)  # early-vbuf needs QG off
+    assert built == (3 if spec.output_qg else 4)  # early-vbuf needs QG off
 
 
 def test_pingpong_turns_emit_turn_barriers_and_free_none(tmp_path):
-    """`FusedConfig.pingpong` "intra" hands the turn between the groups with named-barrier arrivals ("bar.arrive", the
-    other group waiting in "bar.sync" on 256 threads); "free" has neither, only each group's own barrier (128
-    threads); the one-group kernel only the CTA's. Turns that were silently left out would pass every bitwise test."""
+    """`FusedConfig.pingpong` "intra" and "inverse" hand the turn between the groups with named-barrier arrivals
+    ("bar.arrive", the other group waiting in "bar.sync" on 256 threads), around different phases; "free" has neither,
+    only each group's own barrier (128 threads); the one-group kernel only the CTA's. Turns that were silently left out
+    or put around the wrong phase would pass every bitwise test."""
     spec = ForwardSpec("bf16", "dense", 128, 128, 64, False, "sm_90a")
-    found = {}
+    found, texts = {}, {}
     for mode in keys.PINGPONG_MODES:
         config = FusedConfig(True, 1, "head", 1, 8, pingpong=mode) if mode != "off" else FusedConfig(True, 2, "head", 1)
         key = spec.fused_key(config)
@@ -207,12 +208,14 @@ def test_pingpong_turns_emit_turn_barriers_and_free_none(tmp_path):
         ptx_dir.mkdir()
         compiler.compile_template(compiler.template_class(key)(key), key.arch, os.fspath(ptx_dir))
         ptx = "".join(p.read_text() for p in ptx_dir.rglob("*.ptx"))
+        texts[mode] = ptx
         found[mode] = tuple(len(re.findall(pattern, ptx)) for pattern in
                             (r"\bbar\.arrive\s+\S+, 256;", r"\bbar\.sync\s+\S+, 256;", r"\bbar\.sync\s+\S+, 128;",
                              r"\bbar\.sync\s+5, 256;"))
     assert found["off"] == (0, 0, 0, 0), found  # the CTA barrier only
     assert found["free"][:2] == (0, 0) and found["free"][2] > 0, found  # each group's own barrier, no turns
-    assert min(found["intra"][:3]) > 0, found
+    assert min(found["intra"][:3]) > 0 and found["inverse"] == found["intra"], found
+    assert texts["inverse"] != texts["intra"]
     assert found["intra"][3] == 1, found  # group 0's last wait, for the turn group 1 passes after its last tile
 
 
