@@ -174,7 +174,7 @@ fused_bf16_128 --gate safe --beta bf16 --varlen cu32 --qg on \
   --config "persistent=true;ctas_per_sm=2;raster=head;loads_ahead=0"
 fused_bf16_128 --gate safe --beta bf16 --varlen dense --qg on "${qg_configs[@]}"     # stressconfigs
 # tests/test_gpu_fused.py's probe configurations (its many-tile and long-walk tests)
-pingpong="persistent=true;ctas_per_sm=1;raster=head;loads_ahead=1;warps=8"
+pingpong="$persistent_c1;warps=8"
 for mode in "pingpong=free" "pingpong=intra" "pingpong=inverse" "gate_rows=early-vbuf;pingpong=intra"; do
   fused_bf16_128 --gate safe --beta fp32,bf16 --varlen dense --qg off --config "$pingpong;$mode"
   fused_bf16_128 --gate safe --beta bf16 --varlen cu64 --qg off --config "$pingpong;$mode"

@@ -97,8 +97,8 @@ from kdajit.keys import (CHUNK_SIZES, FUSED_ARCHS, FUSED_WARPS, GATE_ROWS, HEAD_
                          head_dim_supported, padded_head_dim)
 from kdajit.templates.common import (DTYPES, IO_TYPES, SEQ_CURSOR_START, chunk_coords, chunk_rows, fake_arguments,
                                     grid_shape, make_struct, make_tf32_mma, sync_group, tma_chunk_coords, walk_coords)
-from kdajit.templates.tile_intra import (beta_row, init_tile_loads, intra_tile, issue_tile_loads, loads_mbar_fields,
-                                         loads_of, make_row_copy, make_tma_tiles, padded_pitch, padded_tile_layout,
+from kdajit.templates.tile_intra import (beta_row, init_tile_loads, intra_tile, issue_tile_loads, loads_mbar,
+                                         loads_mbar_fields, loads_of, make_row_copy, make_tma_tiles, padded_pitch, padded_tile_layout,
                                          wait_tile_loads, warp_schedule)
 from kdajit.templates.tile_inverse import (akk_tile_layout, invert_tile, l_tile_elements, l_tile_layout,
                                            make_akk_store_copy, make_l_load_copy, store_akk_rows, x00_layout,
@@ -167,10 +167,15 @@ def fused_smem_struct(chunk: int, head_k: int, head_v: int, io, path: str):
     return smem, inverse_work, recompute_work
 
 
+def tile_warps(config) -> int:
+    """The warps that compute one tile: the CTA's, or with `FusedConfig.pingpong` a group's 4."""
+    return 4 if config.pingpong != "off" else config.warps
+
+
 def smem_bytes(key: FusedForwardKey) -> int:
     """Shared memory of one CTA of `key`'s kernel (the module docstring states it): one tile's struct, or, with
     `FusedConfig.pingpong`, one per group."""
-    groups = 2 if key.config.pingpong != "off" else 1
+    groups = key.config.warps // tile_warps(key.config)
     return groups * fused_smem_struct(key.chunk, padded_head_dim(key.head_k), padded_head_dim(key.head_v),
                                       IO_TYPES[key.io_dtype], loads_of(key))[0].__sizeof__()
 
@@ -203,7 +208,7 @@ class FusedForward:
         self.num_threads = 32 * key.config.warps
         # `FusedConfig.pingpong`: two groups of 4 warps, each with its own tile and shared memory
         self.pingpong = key.config.pingpong != "off"
-        self.tile_warps = 4 if self.pingpong else key.config.warps  # the warps that compute one tile
+        self.tile_warps = tile_warps(key.config)
         self.tile_threads = 32 * self.tile_warps
         self.load_path = loads_of(key)  # "tma", "bulk" or "cp.async"
         self.tma_stores = key.config.stores == "tma"  # W and U leave their staging panels by TMA (`product`)
@@ -233,16 +238,15 @@ class FusedForward:
             # chunk 32's products take named barriers 1-2 across the CTA, and the bulk path arms the loads' mbarrier
             # from the CTA's warps (K = 256, which does not fit twice anyway)
             return False
-        tile_warps = 4 if cfg.pingpong != "off" else cfg.warps  # the warps of one tile
-        if tile_warps == 8 and (key.output_qg or cfg.loads_ahead):  # Kp takes q's buffer; no early loads
+        if tile_warps(cfg) == 8 and (key.output_qg or cfg.loads_ahead):  # Kp takes q's buffer; no early loads
             return False
-        if cfg.gate_rows != "late" and (key.output_qg or not cfg.loads_ahead or tile_warps != 4):
+        if cfg.gate_rows != "late" and (key.output_qg or not cfg.loads_ahead or tile_warps(cfg) != 4):
             return False  # QG's gate rows read q; without a next tile in flight nothing moves earlier
         if cfg.gate_rows == "early-vbuf" and padded_head_dim(key.head_k) != padded_head_dim(key.head_v):
             return False  # Kp and Vp trade tiles, which needs them of one layout
-        if cfg.intra_unroll != 2 and tile_warps != 4:
+        if cfg.intra_unroll != 2 and tile_warps(cfg) != 4:
             return False  # the 8-warp schedule's mainloop runs one step per iteration already
-        if cfg.stores == "tma" and (tile_warps != 4 or key.chunk != 64 or key.head_k not in HEAD_DIMS
+        if cfg.stores == "tma" and (tile_warps(cfg) != 4 or key.chunk != 64 or key.head_k not in HEAD_DIMS
                                     or key.head_v not in HEAD_DIMS):
             return False  # TMA boxes of one warp's 16 rows x whole 64-column panels, W and U by all 4 warps
         if not isinstance(cfg.ctas_per_sm, int) or cfg.ctas_per_sm < 1:
@@ -334,8 +338,7 @@ class FusedForward:
         rBeta = cute.make_rmem_tensor((1,), mBeta.element_type)
         # (the loads' mbarrier, the TMA tiles): `issue_tile_loads`' mbar_ptr and tma_tiles, None where the path has none
         if cutlass.const_expr(self.pingpong):  # initialized above, both groups' by warp 0
-            mbar = (storage.loads_mbar.data_ptr() if cutlass.const_expr(self.load_path != "cp.async") else None,
-                    tma_tiles)
+            mbar = (loads_mbar(storage, self.load_path), tma_tiles)
         else:
             mbar = (init_tile_loads(storage, self.load_path, self.config.warps), tma_tiles)
         phase = cutlass.Int32(0)  # of the mbarrier phase the next loaded tile completes (bulk loads)
@@ -567,6 +570,7 @@ class FusedForward:
         q_early = cutlass.const_expr(ahead and not self.output_qg and not gates_early)
         recompute = cutlass.const_expr("recompute" in self.phases)
         tidx, warp_idx, lane = self.loads_landed(sBeta, rBeta, valid_rows, *landed)
+        barrier = self.tile_barrier()  # of the 4 warps: the CTA's, or their group's
 
         # 2. Intra: Aqk -> global, L -> smem; L rows >= valid_rows := +0.
         self.take_turn("intra")
@@ -576,7 +580,7 @@ class FusedForward:
                        self.config.intra_unroll)
             zero_rows_from(l_copy, sL, tidx, valid_rows)
         self.pass_turn("intra")
-        sync_group(self.tile_barrier())
+        sync_group(barrier)
         if cutlass.const_expr(q_early):
             if next_tile[0]:
                 self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "q", landed[0])
@@ -586,22 +590,22 @@ class FusedForward:
             if cutlass.const_expr(recompute):
                 self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
                                batch, head, row0, valid_rows, tidx, rKp=rKp)
-            sync_group(self.tile_barrier())  # q, k, g, beta and rV are consumed
+            sync_group(barrier)  # q, k, g, beta and rV are consumed
             if next_tile[0]:
                 self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "all", landed[0])
         if cutlass.const_expr(kp_in_vp):
             if cutlass.const_expr(recompute):
                 self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sVp, sVp,
                                batch, head, row0, valid_rows, tidx, "gates")
-            sync_group(self.tile_barrier())  # k, g and beta are consumed (rV waits for the inverse)
+            sync_group(barrier)  # k, g and beta are consumed (rV waits for the inverse)
             if next_tile[0]:
                 self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta, "keys", landed[0])
 
         # 3. Inverse in smem; Akk rows < valid_rows -> global.
         self.take_turn("inverse")
         if cutlass.const_expr("inverse" in self.phases):
-            invert_tile(sL, sX, sX00, warp_idx, lane, self.tile_barrier())
-            sync_group(self.tile_barrier())
+            invert_tile(sL, sX, sX00, warp_idx, lane, barrier)
+            sync_group(barrier)
             store_akk_rows(akk_store_copy, sX, chunk_rows(mAkk, batch, head, row0, C), tidx, valid_rows)
         self.pass_turn("inverse")
 
@@ -609,7 +613,7 @@ class FusedForward:
         # QG), then W, U.
         if cutlass.const_expr(recompute):
             rA = self.akk_rows_from_smem(sX, tidx)
-            sync_group(self.tile_barrier())  # every thread has read sX and sL: the work region is free
+            sync_group(barrier)  # every thread has read sX and sL: the work region is free
             store_akk(rA, sA, valid_rows, tidx, GROUP_THREADS)
             if cutlass.const_expr(gates_early):
                 self.store_kp_rows(rKp, sKp, tidx)
@@ -618,7 +622,7 @@ class FusedForward:
             else:
                 self.gate_rows(sK, sG, sQ, sBeta, rV, chunk_rows(mKG, batch, head, row0, C), mQG, sKp, sVp,
                                batch, head, row0, valid_rows, tidx)
-        sync_group(self.tile_barrier())  # the A tile, Kp and Vp complete; q, k, g, beta and rV are consumed
+        sync_group(barrier)  # the A tile, Kp and Vp complete; q, k, g, beta and rV are consumed
         if cutlass.const_expr(ahead and not gates_early):
             if next_tile[0]:
                 self.load_tile(tensors, smem, ops, *next_tile[1:], rV, rBeta,
@@ -631,7 +635,7 @@ class FusedForward:
                 tma_out = tuple((atom, tma_chunk_coords(coords, batch, head, row0, cute.size(mX, mode=[3])))
                                 for (atom, coords), mX in zip(tma_stores, (mW, mU)))
             products_w_u(wu_mma, sA, sKp, sVp, sOutW, sOutU, chunk_rows(mW, batch, head, row0, C),
-                         chunk_rows(mU, batch, head, row0, C), valid_rows, tidx, tma_out, self.tile_barrier())
+                         chunk_rows(mU, batch, head, row0, C), valid_rows, tidx, tma_out, barrier)
 
     @cute.jit
     def loads_landed(self, sBeta: cute.Tensor, rBeta: cute.Tensor, valid_rows: cutlass.Int32, mbar: cutlass.Constexpr,

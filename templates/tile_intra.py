@@ -349,11 +349,15 @@ def init_tile_loads(storage, path: str, warps: int):
     `issue_tma_tiles`) or one per warp ("bulk", `issue_bulk_rows`); every thread calls it. Returns the mbarrier's
     pointer (the `mbar_ptr` of `issue_tile_loads` and `wait_tile_loads`), or None for "cp.async" (nothing to set
     up)."""
-    if path == "cp.async":
-        return None
-    mbar_ptr = storage.loads_mbar.data_ptr()
-    init_bulk_mbar(mbar_ptr, 1 if path == "tma" else warps)
+    mbar_ptr = loads_mbar(storage, path)
+    if mbar_ptr is not None:
+        init_bulk_mbar(mbar_ptr, 1 if path == "tma" else warps)
     return mbar_ptr
+
+
+def loads_mbar(storage, path: str):
+    """The pointer of the loads' mbarrier in `storage` (`loads_mbar_fields` of `path`), None for "cp.async"."""
+    return None if path == "cp.async" else storage.loads_mbar.data_ptr()
 
 
 @cute.jit
